@@ -1,0 +1,44 @@
+# torch_renaissance developer commands. Everything runs in a local venv (.venv)
+# built from the CPU wheel of torch 2.13.0; MAX_JOBS=2 suits small machines.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+DEPS   := torch==2.13.0 setuptools wheel pybind11 ninja rich pytest pytest-benchmark hypothesis numpy matplotlib
+export MAX_JOBS ?= 2
+
+.PHONY: venv build demo test test-fast bench check-cuda clean
+
+$(VENV)/.deps:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(DEPS)
+	touch $@
+
+venv: $(VENV)/.deps
+
+# Builds the extension and installs the package (editable: the compiled
+# torch_renaissance/_C*.so lands next to the sources).
+build: venv
+	$(PIP) install -q --no-build-isolation -e .
+
+demo: build
+	$(VENV)/bin/torch-renaissance demo
+
+test: build
+	$(PY) -m pytest -q tests
+
+test-fast: build
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: build
+	$(PY) -m pytest -q benchmarks --benchmark-columns=min,mean,max
+	$(PY) benchmarks/bench_planner.py
+
+# Compiles and links the CUDA backend against /usr/local/cuda and checks the
+# torch CUDA glue against torch's headers (no GPU needed).
+check-cuda: venv
+	$(PY) tools/check_cuda_build.py
+
+clean:
+	rm -rf build dist *.egg-info torch_renaissance/_C*.so $(VENV)

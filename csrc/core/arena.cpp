@@ -1,0 +1,887 @@
+// arena.cpp - see arena.h for the invariants. The planned-step policy lives
+// in step_planner.cpp; this file holds the mechanisms it uses.
+#include "core/arena.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "core/step_planner.h"
+
+namespace renaissance {
+
+namespace {
+
+constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
+
+std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+
+std::string hex(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+}  // namespace
+
+Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config)
+    : device_(std::move(device)),
+      config_(config),
+      unit_(device_->alignment()),
+      ranges_ok_(device_->supports_address_ranges()),
+      events_(*device_),
+      pending_(*device_, events_) {
+  if (unit_ == 0 || (unit_ & (unit_ - 1)) != 0) {
+    throw std::invalid_argument("device alignment must be a power of two");
+  }
+  if (config_.small_size % unit_ || config_.small_segment < config_.small_size) {
+    throw std::invalid_argument("small_segment must be at least small_size, a multiple of the alignment");
+  }
+  if (config_.planning) steps_ = std::make_unique<StepPlanner>(*this);
+}
+
+Arena::~Arena() {
+  steps_.reset();
+  for (auto& [base, seg] : segments_) {
+    try {
+      if (seg->expandable) {
+        if (seg->size) device_->unmap(seg->base, seg->size);
+        device_->release_range(seg->base, seg->capacity);
+      } else {
+        device_->release(seg->base, seg->size);
+      }
+    } catch (...) {
+      // A destructor must not throw; the process is going away with the device.
+    }
+  }
+  for (EpochEvent& e : epoch_) events_.put(e.event);
+}
+
+// ---------------------------------------------------------------------------
+// public API
+// ---------------------------------------------------------------------------
+
+void* Arena::allocate(std::size_t size, StreamId stream) {
+  if (size == 0) return nullptr;
+  std::lock_guard<std::mutex> g(mu_);
+  if (size > kMaxRequest) raise_oom_locked(size, "the size is beyond what any device can hold");
+  const std::size_t rounded = round_up(size, unit_);
+  Block* b = nullptr;
+  if (steps_) b = steps_->place(size, rounded, stream);
+  if (!b) b = allocate_dynamic_locked(size, rounded, stream);
+  if (steps_) steps_->on_allocated(b);
+  return b->ptr;
+}
+
+void Arena::deallocate(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> g(mu_);
+  Block* b = live_block_locked(ptr, "free");
+  live_.erase(b->ptr);
+  if (steps_) steps_->on_free(b);
+  const PoolKind pool = b->segment->pool;
+  stats_.sub(stats_.allocation, pool, 1);
+  stats_.sub(stats_.allocated_bytes, pool, static_cast<std::int64_t>(b->size));
+  stats_.sub(stats_.requested_bytes, pool, static_cast<std::int64_t>(b->requested));
+  if (!b->uses.empty()) {
+    b->state = BlockState::kPending;
+    stats_.pending_bytes.increase(static_cast<std::int64_t>(b->size));
+    pending_.add(b, b->planned ? Region::kPlanned : Region::kDynamic);
+    return;
+  }
+  free_block_locked(b);
+}
+
+void Arena::record_stream(void* ptr, StreamId stream) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> g(mu_);
+  Block* b = live_block_locked(ptr, "record_stream on");
+  if (stream == b->stream) return;
+  if (std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
+  b->uses.push_back(stream);
+  if (steps_) steps_->on_record_stream(b, stream);
+}
+
+void Arena::empty_cache() {
+  std::lock_guard<std::mutex> g(mu_);
+  synchronize_pending_locked();
+  release_cached_locked();
+}
+
+void Arena::sync_point() {
+  std::lock_guard<std::mutex> g(mu_);
+  boundary_locked();
+}
+
+void Arena::begin_step() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (steps_) steps_->begin_step();
+}
+
+void Arena::end_step() {
+  std::lock_guard<std::mutex> g(mu_);
+  boundary_locked();
+  if (steps_) steps_->end_step();
+}
+
+bool Arena::in_step() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return steps_ && steps_->in_step();
+}
+
+DeviceStats Arena::stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return stats_;
+}
+
+PlanStats Arena::plan_stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return steps_ ? steps_->stats() : PlanStats{};
+}
+
+void Arena::reset_peak_stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.reset_peak();
+}
+
+void Arena::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.reset_accumulated();
+}
+
+std::size_t Arena::block_size(void* ptr) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return live_block_locked(ptr, "block_size of")->size;
+}
+
+std::size_t Arena::largest_free_block() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::size_t best = 0;
+  for (const FreeSet* s : {&small_free_, &large_free_}) {
+    for (const Block* b : *s) best = std::max(best, b->size);
+  }
+  return best;
+}
+
+std::vector<SegmentInfo> Arena::snapshot() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<SegmentInfo> out;
+  for (const auto& [base, seg] : segments_) {
+    if (seg->size == 0) continue;
+    SegmentInfo si;
+    si.address = reinterpret_cast<std::uintptr_t>(seg->base);
+    si.total_size = seg->size;
+    si.plan_top = seg->plan_top;
+    si.stream = seg->stream;
+    si.is_large = seg->pool == PoolKind::kLarge;
+    si.expandable = seg->expandable;
+    for (const Block* b = seg->head; b; b = b->next) {
+      BlockInfo bi;
+      bi.address = reinterpret_cast<std::uintptr_t>(b->ptr);
+      bi.size = b->size;
+      bi.requested = b->requested;
+      bi.state = b->state;
+      bi.planned = b->planned;
+      bi.in_territory = seg->in_territory(b);
+      bi.stream = b->stream;
+      if (b->state == BlockState::kAllocated) {
+        si.allocated_size += b->size;
+        si.requested_size += b->requested;
+      }
+      if (b->state != BlockState::kFree) si.active_size += b->size;
+      si.blocks.push_back(bi);
+    }
+    out.push_back(std::move(si));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// dynamic pool
+// ---------------------------------------------------------------------------
+
+PoolKind Arena::pool_for(std::size_t rounded) const {
+  return rounded <= config_.small_size ? PoolKind::kSmall : PoolKind::kLarge;
+}
+
+Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded,
+                                      StreamId stream) {
+  // While a step is being recorded, small requests go to the large pool too:
+  // the blocks that outlive the step then sit where the planner can place the
+  // next steps around them, instead of fragmenting small segments for good.
+  const bool recording = steps_ && steps_->recording() && config_.expandable_segments && ranges_ok_;
+  const PoolKind pool = recording ? PoolKind::kLarge : pool_for(rounded);
+  bool retried = false;
+  for (;;) {
+    if (Block* b = find_free_locked(pool, stream, rounded)) {
+      b = take_locked(b, rounded);
+      mark_allocated_locked(b, requested, stream);
+      return b;
+    }
+    if (!pending_.empty() && reclaim_pending_locked(stream)) continue;
+    if (grow_locked(pool, stream, rounded)) continue;
+    if (!retried) {
+      // PyTorch's order: wait for pending frees, return cached segments, retry.
+      retried = true;
+      ++stats_.num_alloc_retries;
+      synchronize_pending_locked();
+      if (steps_) steps_->release_territory();
+      release_cached_locked();
+      continue;
+    }
+    raise_oom_locked(requested, nullptr);
+  }
+}
+
+Block* Arena::find_free_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
+  FreeSet& set = pool == PoolKind::kSmall ? small_free_ : large_free_;
+  Block key;
+  key.stream = stream;
+  key.size = rounded;
+  key.ptr = nullptr;
+  auto it = set.lower_bound(&key);
+  if (it == set.end() || (*it)->stream != stream) return nullptr;
+  Block* b = *it;
+  unindex_free_locked(b);
+  return b;
+}
+
+Block* Arena::take_locked(Block* b, std::size_t rounded) {
+  if (b->size - rounded >= unit_) index_free_locked(split_locked(b, rounded));
+  return b;
+}
+
+Block* Arena::split_locked(Block* b, std::size_t first) {
+  Segment* seg = b->segment;
+  Block* t = new_block();
+  t->ptr = b->ptr + first;
+  t->size = b->size - first;
+  t->segment = seg;
+  t->stream = seg->stream;
+  t->prev = b;
+  t->next = b->next;
+  if (b->next) b->next->prev = t;
+  b->next = t;
+  b->size = first;
+  if (seg->tail == b) seg->tail = t;
+  return t;
+}
+
+void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stream) {
+  b->state = BlockState::kAllocated;
+  b->requested = requested;
+  b->stream = stream;
+  const PoolKind pool = b->segment->pool;
+  const auto size = static_cast<std::int64_t>(b->size);
+  stats_.add(stats_.allocation, pool, 1);
+  stats_.add(stats_.allocated_bytes, pool, size);
+  stats_.add(stats_.requested_bytes, pool, static_cast<std::int64_t>(requested));
+  stats_.add(stats_.active, pool, 1);
+  stats_.add(stats_.active_bytes, pool, size);
+  ++b->segment->live;
+  live_.emplace(b->ptr, b);
+}
+
+bool Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
+  if (config_.expandable_segments && ranges_ok_ && grow_expandable_locked(pool, stream, rounded)) {
+    return true;
+  }
+  return new_segment_locked(pool, stream, rounded) != nullptr;
+}
+
+Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool) {
+  auto it = expandable_.find({stream, pool});
+  if (it != expandable_.end()) return it->second;
+  const std::size_t gran = device_->range_granularity();
+  std::size_t bytes = config_.range_bytes;
+  if (bytes == 0) {
+    const std::size_t total = device_->mem_info().total_bytes;
+    bytes = std::max<std::size_t>(std::size_t(8) << 30, total > (std::size_t(1) << 41) ? total : 2 * total);
+    bytes = std::min<std::size_t>(bytes, std::size_t(4) << 40);
+  }
+  bytes = round_up(std::max(bytes, gran), gran);
+  void* base = nullptr;
+  while (!(base = device_->reserve_range(bytes)) && bytes > (std::size_t(1) << 30)) {
+    bytes = round_up(bytes / 2, gran);
+  }
+  if (!base) {
+    ranges_ok_ = false;  // this backend cannot reserve address space here
+    return nullptr;
+  }
+  auto seg = std::make_unique<Segment>();
+  seg->base = static_cast<char*>(base);
+  seg->capacity = bytes;
+  seg->pool = pool;
+  seg->expandable = true;
+  seg->stream = stream;
+  Segment* raw = seg.get();
+  segments_.emplace(raw->base, std::move(seg));
+  expandable_.emplace(std::make_pair(stream, pool), raw);
+  return raw;
+}
+
+bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
+  if (bytes > seg->capacity - seg->size) return false;
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  if (config_.max_reserved_bytes &&
+      (reserved > config_.max_reserved_bytes || bytes > config_.max_reserved_bytes - reserved)) {
+    return false;
+  }
+  if (!device_->map(seg->base + seg->size, bytes)) return false;
+  ++stats_.num_device_alloc;
+  if (seg->size == 0) stats_.add(stats_.segment, seg->pool, 1);
+  stats_.add(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
+  Block* last = seg->tail;
+  const bool extend = last && last->state == BlockState::kFree &&
+                      seg->in_territory(last) == (seg->size < seg->plan_top);
+  if (extend) {
+    unindex_free_locked(last);
+    last->size += bytes;
+  } else {
+    Block* nb = new_block();
+    nb->ptr = seg->base + seg->size;
+    nb->size = bytes;
+    nb->segment = seg;
+    nb->stream = seg->stream;
+    nb->prev = last;
+    if (last) last->next = nb; else seg->head = nb;
+    seg->tail = nb;
+    last = nb;
+  }
+  seg->size += bytes;
+  index_free_locked(last);
+  return true;
+}
+
+bool Arena::grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
+  Segment* seg = expandable_segment_locked(stream, pool);
+  if (!seg) return false;
+  const Block* last = seg->tail;
+  const std::size_t have =
+      (last && last->state == BlockState::kFree && !seg->in_territory(last)) ? last->size : 0;
+  const std::size_t gran = device_->range_granularity();
+  if (rounded - have > seg->capacity) return false;
+  return map_tail_locked(seg, round_up(rounded - have, gran));
+}
+
+Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
+  std::size_t bytes;
+  if (pool == PoolKind::kSmall) {
+    bytes = config_.small_segment;
+  } else if (rounded < config_.min_large_alloc) {
+    bytes = config_.large_segment;
+  } else {
+    bytes = round_up(rounded, config_.round_large);
+  }
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  auto over = [&](std::size_t b) {
+    return config_.max_reserved_bytes &&
+           (reserved > config_.max_reserved_bytes || b > config_.max_reserved_bytes - reserved);
+  };
+  if (over(bytes) && pool == PoolKind::kLarge) bytes = rounded;  // last resort: exact
+  if (over(bytes)) return nullptr;
+  void* p = device_->reserve(bytes);
+  if (!p) return nullptr;
+  ++stats_.num_device_alloc;
+  auto seg = std::make_unique<Segment>();
+  seg->base = static_cast<char*>(p);
+  seg->size = seg->capacity = bytes;
+  seg->pool = pool;
+  seg->stream = stream;
+  Block* b = new_block();
+  b->ptr = seg->base;
+  b->size = bytes;
+  b->segment = seg.get();
+  b->stream = stream;
+  seg->head = seg->tail = b;
+  Segment* raw = seg.get();
+  segments_.emplace(seg->base, std::move(seg));
+  stats_.add(stats_.segment, pool, 1);
+  stats_.add(stats_.reserved_bytes, pool, static_cast<std::int64_t>(bytes));
+  index_free_locked(b);
+  return raw;
+}
+
+void Arena::trim_tail_locked(Segment* seg) {
+  Block* last = seg->tail;
+  if (!last || last->state != BlockState::kFree || seg->in_territory(last)) return;
+  const std::size_t gran = device_->range_granularity();
+  const std::size_t start = round_up(static_cast<std::size_t>(last->ptr - seg->base), gran);
+  if (start >= seg->size) return;
+  const std::size_t bytes = seg->size - start;
+  unindex_free_locked(last);
+  device_->unmap(seg->base + start, bytes);
+  ++stats_.num_device_free;
+  stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
+  seg->size = start;
+  if (seg->size == 0) stats_.sub(stats_.segment, seg->pool, 1);
+  last->size -= bytes;
+  if (last->size == 0) {
+    seg->tail = last->prev;
+    if (last->prev) last->prev->next = nullptr; else seg->head = nullptr;
+    recycle_block(last);
+  } else {
+    index_free_locked(last);
+  }
+}
+
+void Arena::release_segment_locked(Segment* seg) {
+  if (seg->head) {
+    unindex_free_locked(seg->head);
+    recycle_block(seg->head);
+  }
+  stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(seg->size));
+  if (seg->size) stats_.sub(stats_.segment, seg->pool, 1);
+  ++stats_.num_device_free;
+  if (territory_ == seg) territory_ = nullptr;
+  if (seg->expandable) {
+    if (seg->size) device_->unmap(seg->base, seg->size);
+    device_->release_range(seg->base, seg->capacity);
+    expandable_.erase({seg->stream, seg->pool});
+  } else {
+    device_->release(seg->base, seg->size);
+  }
+  segments_.erase(seg->base);
+}
+
+std::size_t Arena::release_cached_locked() {
+  std::size_t released = 0;
+  std::vector<Segment*> wholly_free;
+  for (auto& [base, seg] : segments_) {
+    if (seg->expandable) {  // the free tail above any planned territory
+      const std::size_t before = seg->size;
+      trim_tail_locked(seg.get());
+      released += before - seg->size;
+    } else if (seg->wholly_free() && seg.get() != territory_) {
+      wholly_free.push_back(seg.get());
+    }
+  }
+  for (Segment* seg : wholly_free) {
+    released += seg->size;
+    release_segment_locked(seg);
+  }
+  return released;
+}
+
+void Arena::raise_oom_locked(std::size_t requested, const char* why) {
+  ++stats_.num_ooms;
+  const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  const MemInfo mem = device_->mem_info();
+  std::ostringstream os;
+  os << "torch_renaissance: out of memory on " << device_->name() << ". Tried to allocate "
+     << format_bytes(requested) << " (" << requested << " bytes). ";
+  if (why) os << "Reason: " << why << ". ";
+  os << "Allocated: " << format_bytes(allocated) << "; reserved: " << format_bytes(reserved)
+     << " (" << format_bytes(reserved - std::min(reserved, allocated))
+     << " reserved but unallocated); limit: "
+     << (config_.max_reserved_bytes ? format_bytes(config_.max_reserved_bytes) +
+                                          " (max_reserved_bytes)"
+                                    : std::string("none"))
+     << "; device: " << format_bytes(mem.free_bytes) << " free of "
+     << format_bytes(mem.total_bytes) << ".";
+  throw OutOfMemoryError(os.str(), requested);
+}
+
+// ---------------------------------------------------------------------------
+// free blocks
+// ---------------------------------------------------------------------------
+
+void Arena::count_inactive_locked(const Block* b, int sign) {
+  if (!b->prev && !b->next) return;  // a wholly free segment is releasable
+  const PoolKind pool = b->segment->pool;
+  if (sign > 0) {
+    stats_.add(stats_.inactive_split, pool, 1);
+    stats_.add(stats_.inactive_split_bytes, pool, static_cast<std::int64_t>(b->size));
+  } else {
+    stats_.sub(stats_.inactive_split, pool, 1);
+    stats_.sub(stats_.inactive_split_bytes, pool, static_cast<std::int64_t>(b->size));
+  }
+}
+
+void Arena::index_free_locked(Block* b) {
+  Segment* seg = b->segment;
+  if (seg->in_territory(b)) {
+    seg->plan_free.emplace(b->ptr, b);
+  } else {
+    (seg->pool == PoolKind::kSmall ? small_free_ : large_free_).insert(b);
+  }
+  count_inactive_locked(b, +1);
+}
+
+void Arena::unindex_free_locked(Block* b) {
+  Segment* seg = b->segment;
+  if (seg->in_territory(b)) {
+    seg->plan_free.erase(b->ptr);
+  } else {
+    (seg->pool == PoolKind::kSmall ? small_free_ : large_free_).erase(b);
+  }
+  count_inactive_locked(b, -1);
+}
+
+void Arena::absorb_next_locked(Block* a) {
+  Block* b = a->next;
+  a->size += b->size;
+  a->next = b->next;
+  if (b->next) b->next->prev = a;
+  if (a->segment->tail == b) a->segment->tail = a;
+  recycle_block(b);
+}
+
+void Arena::free_block_locked(Block* b) {
+  Segment* seg = b->segment;
+  const PoolKind pool = seg->pool;
+  stats_.sub(stats_.active, pool, 1);
+  stats_.sub(stats_.active_bytes, pool, static_cast<std::int64_t>(b->size));
+  --seg->live;
+  b->state = BlockState::kFree;
+  b->requested = 0;
+  b->planned = false;
+  b->stream = seg->stream;
+  b->uses.clear();
+  b->pending_on = 0;
+  b->step = 0;
+  b->seq = -1;
+  const bool territory = seg->in_territory(b);
+  if (Block* p = b->prev; p && p->state == BlockState::kFree && seg->in_territory(p) == territory) {
+    unindex_free_locked(p);
+    absorb_next_locked(p);
+    b = p;
+  }
+  if (Block* n = b->next; n && n->state == BlockState::kFree && seg->in_territory(n) == territory) {
+    unindex_free_locked(n);
+    absorb_next_locked(b);
+  }
+  index_free_locked(b);
+  if (seg->retire && seg->live == 0 && seg != territory_) release_segment_locked(seg);
+}
+
+// ---------------------------------------------------------------------------
+// stream uses
+// ---------------------------------------------------------------------------
+
+void Arena::release_blocks_locked(const std::vector<Block*>& blocks) {
+  for (Block* b : blocks) {
+    stats_.pending_bytes.decrease(static_cast<std::int64_t>(b->size));
+    free_block_locked(b);
+  }
+}
+
+void Arena::boundary_locked() {
+  stats_.events_recorded += static_cast<std::int64_t>(pending_.seal_all());
+  if (territory_) {
+    // Planned blocks with stream uses: release them into the territory now;
+    // the next placement there makes its stream wait for the epoch event.
+    std::vector<std::pair<StreamId, EventId>> events;
+    auto blocks = pending_.release_region(Region::kPlanned, events);
+    for (auto& [stream, event] : events) epoch_.push_back(EpochEvent{stream, event, {}});
+    release_blocks_locked(blocks);
+  }
+  release_blocks_locked(pending_.release_completed(stats_.event_queries));
+  for (auto it = epoch_.begin(); it != epoch_.end();) {
+    ++stats_.event_queries;
+    if (device_->query_event(it->event)) {
+      events_.put(it->event);
+      it = epoch_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool Arena::reclaim_pending_locked(StreamId stream) {
+  const std::int64_t before = stats_.pending_bytes.current;
+  boundary_locked();
+  if (config_.stream_policy == StreamPolicy::kWait) {
+    release_blocks_locked(pending_.release_by_waiting(Region::kDynamic, stream));
+  }
+  return stats_.pending_bytes.current < before;
+}
+
+void Arena::synchronize_pending_locked() {
+  if (pending_.empty()) return;
+  stats_.events_recorded += static_cast<std::int64_t>(pending_.seal_all());
+  ++stats_.num_sync_all_streams;
+  release_blocks_locked(pending_.synchronize_all());
+}
+
+void Arena::wait_epoch_locked(StreamId stream) {
+  for (EpochEvent& e : epoch_) {
+    if (std::find(e.waited.begin(), e.waited.end(), stream) != e.waited.end()) continue;
+    device_->stream_wait_event(stream, e.event);
+    e.waited.push_back(stream);
+  }
+}
+
+void Arena::synchronize_epoch_locked() {
+  if (epoch_.empty()) return;
+  ++stats_.num_sync_all_streams;
+  for (EpochEvent& e : epoch_) {
+    device_->synchronize_event(e.event);
+    events_.put(e.event);
+  }
+  epoch_.clear();
+}
+
+// ---------------------------------------------------------------------------
+// planned territory
+// ---------------------------------------------------------------------------
+
+namespace {
+// Re-tiles the free blocks of `seg` for a new planned-territory line `top`:
+// unindexes every free block under the old line, splits the one straddling
+// the new line, merges free runs within each territory, and re-indexes.
+template <typename Unindex, typename Index, typename Split, typename Merge>
+void retile(Segment* seg, std::size_t top, Unindex unindex, Index index, Split split,
+            Merge merge) {
+  for (Block* b = seg->head; b; b = b->next) {
+    if (b->state == BlockState::kFree) unindex(b);
+  }
+  seg->plan_top = top;
+  char* line = seg->base + top;
+  for (Block* b = seg->head; b; b = b->next) {
+    if (b->state == BlockState::kFree && b->ptr < line && line < b->ptr + b->size) {
+      split(b, static_cast<std::size_t>(line - b->ptr));
+    }
+  }
+  for (Block* b = seg->head; b; b = b->next) {
+    while (b->state == BlockState::kFree && b->next && b->next->state == BlockState::kFree &&
+           seg->in_territory(b) == seg->in_territory(b->next)) {
+      merge(b);
+    }
+  }
+  for (Block* b = seg->head; b; b = b->next) {
+    if (b->state == BlockState::kFree) index(b);
+  }
+}
+}  // namespace
+
+void Arena::promote_locked(Segment* seg, std::size_t top) {
+  if (territory_ && territory_ != seg) demote_locked();
+  retile(
+      seg, top, [&](Block* b) { unindex_free_locked(b); }, [&](Block* b) { index_free_locked(b); },
+      [&](Block* b, std::size_t first) { split_locked(b, first); },
+      [&](Block* a) { absorb_next_locked(a); });
+  territory_ = seg;
+}
+
+void Arena::demote_locked() {
+  if (!territory_) return;
+  synchronize_epoch_locked();
+  Segment* seg = territory_;
+  retile(
+      seg, 0, [&](Block* b) { unindex_free_locked(b); }, [&](Block* b) { index_free_locked(b); },
+      [&](Block* b, std::size_t first) { split_locked(b, first); },
+      [&](Block* a) { absorb_next_locked(a); });
+  territory_ = nullptr;
+  if (seg->retire && seg->live == 0) release_segment_locked(seg);
+}
+
+Segment* Arena::territory_segment_locked(StreamId stream, std::size_t top) {
+  if (config_.expandable_segments && ranges_ok_) {
+    if (Segment* seg = expandable_segment_locked(stream, PoolKind::kLarge);
+        seg && top <= seg->capacity) {
+      if (seg->size < top) {
+        // The free tail may sit in the old territory; map the rest.
+        if (territory_ == seg) demote_locked();
+        if (!map_tail_locked(seg, round_up(top - seg->size, device_->range_granularity()))) {
+          return nullptr;
+        }
+      }
+      promote_locked(seg, top);
+      return seg;
+    }
+  }
+  // Fixed segments: a dedicated segment holds the territory.
+  if (territory_ && !territory_->expandable && territory_->size >= top) {
+    promote_locked(territory_, top);
+    return territory_;
+  }
+  if (Segment* old = territory_) {
+    demote_locked();
+    old->retire = true;
+    if (old->live == 0) release_segment_locked(old);
+  }
+  Segment* seg = new_segment_locked(PoolKind::kLarge, stream, std::max(top, config_.min_large_alloc));
+  if (seg) promote_locked(seg, top);
+  return seg;
+}
+
+Block* Arena::place_locked(Segment* seg, std::size_t offset, std::size_t rounded,
+                           std::size_t requested, StreamId stream) {
+  if (offset > seg->plan_top || rounded > seg->plan_top - offset) return nullptr;
+  char* p = seg->base + offset;
+  auto it = seg->plan_free.upper_bound(p);
+  if (it == seg->plan_free.begin()) return nullptr;
+  --it;
+  Block* f = it->second;
+  if (f->ptr + f->size < p + rounded) return nullptr;  // something live overlaps
+  wait_epoch_locked(stream);
+  unindex_free_locked(f);
+  if (f->ptr < p) {
+    Block* t = split_locked(f, static_cast<std::size_t>(p - f->ptr));
+    index_free_locked(f);
+    f = t;
+  }
+  if (f->size > rounded) index_free_locked(split_locked(f, rounded));
+  f->planned = true;
+  mark_allocated_locked(f, requested, stream);
+  return f;
+}
+
+// ---------------------------------------------------------------------------
+// blocks storage and diagnostics
+// ---------------------------------------------------------------------------
+
+Block* Arena::new_block() {
+  if (!spare_blocks_.empty()) {
+    Block* b = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    *b = Block{};
+    return b;
+  }
+  block_storage_.emplace_back();
+  return &block_storage_.back();
+}
+
+void Arena::recycle_block(Block* b) {
+  b->uses.clear();
+  spare_blocks_.push_back(b);
+}
+
+Block* Arena::live_block_locked(const void* ptr, const char* what) const {
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    throw InvalidPointerError(std::string("torch_renaissance: cannot ") + what + " " +
+                              describe_pointer_locked(ptr));
+  }
+  return it->second;
+}
+
+std::string Arena::describe_pointer_locked(const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  std::string where = hex(ptr);
+  auto it = segments_.upper_bound(const_cast<char*>(p));
+  if (it == segments_.begin()) {
+    return where + ": the pointer was not allocated by this arena (" + device_->name() + ")";
+  }
+  --it;
+  const Segment* seg = it->second.get();
+  if (p >= seg->base + seg->capacity) {
+    return where + ": the pointer was not allocated by this arena (" + device_->name() + ")";
+  }
+  if (p >= seg->base + seg->size) {
+    return where + ": the pointer lies in unmapped address space of this arena (stale pointer)";
+  }
+  for (const Block* b = seg->head; b; b = b->next) {
+    if (p < b->ptr || p >= b->ptr + b->size) continue;
+    const std::size_t off = static_cast<std::size_t>(p - b->ptr);
+    switch (b->state) {
+      case BlockState::kAllocated:
+        return where + ": the pointer is " + std::to_string(off) +
+               " bytes into a live block of " + std::to_string(b->size) + " bytes at " +
+               hex(b->ptr) + " (an interior pointer, not the start of an allocation)";
+      case BlockState::kPending:
+        return where + ": the block was already freed (double free; it still waits on " +
+               "another stream's use)";
+      case BlockState::kFree:
+        return where + ": the pointer lies in free memory of this arena (double free or " +
+               "stale pointer)";
+    }
+  }
+  return where + ": the pointer is not a live allocation of this arena";
+}
+
+void Arena::check_invariants() const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto fail = [](const std::string& m) { throw std::logic_error("arena invariant: " + m); };
+  std::int64_t allocated = 0, allocated_n = 0, requested = 0, active = 0, active_n = 0;
+  std::int64_t reserved = 0, segments = 0, inactive = 0, inactive_n = 0, pending = 0;
+  std::size_t free_small = 0, free_large = 0, live = 0;
+  for (const auto& [base, seg] : segments_) {
+    if (seg->size == 0) {
+      if (seg->head) fail("an empty segment has blocks");
+      continue;
+    }
+    reserved += static_cast<std::int64_t>(seg->size);
+    ++segments;
+    const char* expect = seg->base;
+    std::size_t seg_live = 0, plan_free = 0;
+    const Block* prev = nullptr;
+    for (const Block* b = seg->head; b; prev = b, b = b->next) {
+      if (b->ptr != expect) fail("blocks do not tile their segment");
+      if (b->prev != prev || b->segment != seg.get()) fail("broken block links");
+      if (b->size == 0 || b->size % unit_ || reinterpret_cast<std::uintptr_t>(b->ptr) % unit_) {
+        fail("unaligned block");
+      }
+      const char* line = seg->base + seg->plan_top;
+      if (seg->plan_top && b->ptr < line && line < b->ptr + b->size) fail("a block straddles the territory line");
+      expect = b->ptr + b->size;
+      const auto size = static_cast<std::int64_t>(b->size);
+      if (b->state == BlockState::kFree) {
+        if (prev && prev->state == BlockState::kFree &&
+            seg->in_territory(prev) == seg->in_territory(b)) {
+          fail("two free neighbours were not merged");
+        }
+        if (seg->in_territory(b)) {
+          ++plan_free;
+          auto f = seg->plan_free.find(b->ptr);
+          if (f == seg->plan_free.end() || f->second != b) fail("territory free block not indexed");
+        } else {
+          const FreeSet& s = seg->pool == PoolKind::kSmall ? small_free_ : large_free_;
+          if (!s.count(const_cast<Block*>(b))) fail("free block not in the best-fit index");
+          (seg->pool == PoolKind::kSmall ? free_small : free_large)++;
+        }
+        if (b->prev || b->next) {
+          inactive += size;
+          ++inactive_n;
+        }
+      } else {
+        ++seg_live;
+        active += size;
+        ++active_n;
+        if (b->state == BlockState::kAllocated) {
+          allocated += size;
+          ++allocated_n;
+          requested += static_cast<std::int64_t>(b->requested);
+          ++live;
+          auto l = live_.find(b->ptr);
+          if (l == live_.end() || l->second != b) fail("allocated block missing from the live map");
+        } else {
+          pending += size;
+          if (b->pending_on <= 0) fail("pending block waits on nothing");
+        }
+      }
+    }
+    if (expect != seg->base + seg->size) fail("blocks do not cover their segment");
+    if (seg->tail != prev) fail("segment tail is wrong");
+    if (seg_live != seg->live) fail("segment live count is wrong");
+    if (plan_free != seg->plan_free.size()) fail("stale entries in a territory index");
+  }
+  if (free_small != small_free_.size() || free_large != large_free_.size()) {
+    fail("stale entries in the best-fit index");
+  }
+  if (live != live_.size()) fail("live map has entries without blocks");
+  const auto& s = stats_;
+  if (s.allocated_bytes[0].current != allocated) fail("allocated_bytes disagrees with the blocks");
+  if (s.allocation[0].current != allocated_n) fail("allocation count disagrees with the blocks");
+  if (s.requested_bytes[0].current != requested) fail("requested_bytes disagrees with the blocks");
+  if (s.active_bytes[0].current != active || s.active[0].current != active_n) fail("active disagrees with the blocks");
+  if (s.reserved_bytes[0].current != reserved) fail("reserved_bytes disagrees with the segments");
+  if (s.segment[0].current != segments) fail("segment count disagrees");
+  if (s.inactive_split_bytes[0].current != inactive || s.inactive_split[0].current != inactive_n) {
+    fail("inactive_split disagrees with the blocks");
+  }
+  if (s.pending_bytes.current != pending) fail("pending_bytes disagrees with the blocks");
+  for (const StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
+                             &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                             &s.inactive_split_bytes, &s.requested_bytes}) {
+    if ((*a)[0].current != (*a)[1].current + (*a)[2].current) fail("pool stats do not add up");
+  }
+  if (s.stat_underflows) fail("a stat went negative");
+}
+
+}  // namespace renaissance

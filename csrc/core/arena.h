@@ -1,0 +1,235 @@
+// arena.h - the arena of one device: its segments, the dynamic pool that
+// hands out blocks for unplanned requests, planned territory for replayed
+// steps, stream-use handling and statistics. All public calls are thread
+// safe (one mutex per arena).
+//
+// Invariants (tests check each):
+//   * Two live blocks never overlap; every pointer is aligned to the
+//     device's alignment (512 B for device memory, 64 B for host memory) and
+//     every block size is a multiple of it.
+//   * A block used on another stream is never handed out again before that
+//     stream's work on it is complete, or before the allocating stream has
+//     been made to wait for it (policy `wait`).
+//   * Stats equal what the blocks say: allocated_bytes is the sum of live
+//     block sizes, reserved_bytes the sum of mapped segment bytes, and so on
+//     (see stats.h for PyTorch's meanings).
+//   * Bad input never corrupts the arena: a size of 0 returns nullptr and
+//     changes nothing; an impossible size raises OutOfMemoryError; freeing a
+//     pointer that is not a live allocation raises InvalidPointerError and
+//     changes nothing.
+//
+// Pools follow PyTorch's caching allocator: requests up to 1 MiB go to the
+// small pool, larger ones to the large pool, so small blocks never split
+// large segments. Where the backend supports address ranges, each pool of
+// each stream is ONE expandable segment that grows and shrinks in the
+// backend's granules (PyTorch's expandable_segments); otherwise segments are
+// 2 MiB (small pool), 20 MiB (large requests below 10 MiB) or the request
+// rounded up to 2 MiB.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/block.h"
+#include "core/device.h"
+#include "core/errors.h"
+#include "core/stats.h"
+#include "core/stream_events.h"
+
+namespace renaissance {
+
+enum class StreamPolicy : std::uint8_t {
+  kDefer,  // pending blocks wait until their event completes (like PyTorch)
+  kWait,   // the allocating stream waits on the event (like cudaMallocAsync)
+};
+
+struct ArenaConfig {
+  std::size_t max_reserved_bytes = 0;  // 0: no limit
+  bool expandable_segments = true;     // used when the backend supports ranges
+  std::size_t range_bytes = 0;         // address space per expandable segment (0: auto)
+  StreamPolicy stream_policy = StreamPolicy::kDefer;
+  // Planned steps.
+  bool planning = true;
+  std::size_t max_variants = 8;
+  double plan_budget_seconds = 0.25;
+  // Pool geometry (PyTorch's defaults).
+  std::size_t small_size = std::size_t(1) << 20;
+  std::size_t small_segment = std::size_t(2) << 20;
+  std::size_t large_segment = std::size_t(20) << 20;
+  std::size_t min_large_alloc = std::size_t(10) << 20;
+  std::size_t round_large = std::size_t(2) << 20;
+};
+
+struct BlockInfo {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  BlockState state = BlockState::kFree;
+  bool planned = false;
+  bool in_territory = false;
+  StreamId stream = 0;
+};
+
+struct SegmentInfo {
+  std::uintptr_t address = 0;
+  std::size_t total_size = 0;
+  std::size_t allocated_size = 0;
+  std::size_t active_size = 0;
+  std::size_t requested_size = 0;
+  std::size_t plan_top = 0;
+  StreamId stream = 0;
+  bool is_large = true;
+  bool expandable = false;
+  std::vector<BlockInfo> blocks;
+};
+
+// Counters and gauges of the planned-step machinery ("renaissance.*").
+struct PlanStats {
+  std::int64_t steps = 0;           // step boundaries seen
+  std::int64_t planned_steps = 0;   // steps that replayed a plan
+  std::int64_t requests = 0;        // allocations inside planned steps
+  std::int64_t hits = 0;            // served where the plan said
+  std::int64_t misses = 0;          // did not match the trace (size, stream, count)
+  std::int64_t conflicts = 0;       // matched, but the range was still live
+  std::int64_t plans = 0;           // plans computed
+  std::int64_t variants = 0;        // variants kept now
+  std::int64_t layouts = 0;         // layouts (structures) kept now
+  std::int64_t plan_bytes = 0;      // planned territory of the current layout
+  std::int64_t load_bytes = 0;      // step LOAD + bytes live outside the step at plan time
+  std::int64_t step_load_bytes = 0; // LOAD of the step's planned buffers alone
+  std::int64_t greedy_bytes = 0;    // greedy-by-size size for the same problem
+  std::int64_t obstacle_bytes = 0;  // live blocks the plan had to avoid
+  std::int64_t last_step_allocations = 0;
+  std::int64_t last_step_hits = 0;
+  std::int64_t last_step_same_address = 0;  // same address as in the previous step
+  std::int64_t last_step_comparable = 0;    // allocations that had a previous-step peer
+  double plan_seconds = 0.0;        // time spent in the planner, total
+};
+
+class StepPlanner;
+
+class Arena {
+ public:
+  Arena(std::shared_ptr<Device> device, ArenaConfig config);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Returns nullptr for size 0. Raises OutOfMemoryError.
+  void* allocate(std::size_t size, StreamId stream = 0);
+  // nullptr is a no-op. Raises InvalidPointerError (arena unchanged).
+  void deallocate(void* ptr);
+  // Adds a stream use: the block will not be reused before `stream`'s work
+  // enqueued before its free is done. A no-op for the allocating stream and
+  // for nullptr. Raises InvalidPointerError for a pointer that is not live.
+  void record_stream(void* ptr, StreamId stream);
+  // Returns wholly free segments (and free tails of expandable segments) to
+  // the device, after synchronizing pending stream uses.
+  void empty_cache();
+  // A boundary for stream uses: one event per (region, stream) group.
+  void sync_point();
+
+  // Planned steps: mark the start and the end of a step.
+  void begin_step();
+  void end_step();
+  bool in_step() const;
+
+  DeviceStats stats() const;
+  PlanStats plan_stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  std::vector<SegmentInfo> snapshot() const;
+  // The largest free block of the dynamic pool (PyTorch's cacheInfo).
+  std::size_t largest_free_block() const;
+  // Size in bytes of the live block at ptr (raises InvalidPointerError).
+  std::size_t block_size(void* ptr) const;
+  // Throws std::logic_error describing the first broken invariant; for tests.
+  void check_invariants() const;
+
+  Device& device() { return *device_; }
+  const ArenaConfig& config() const { return config_; }
+  std::size_t rounding() const { return unit_; }
+
+ private:
+  friend class StepPlanner;
+
+  // --- dynamic pool --------------------------------------------------------
+  PoolKind pool_for(std::size_t rounded) const;
+  Block* allocate_dynamic_locked(std::size_t requested, std::size_t rounded, StreamId stream);
+  Block* find_free_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  Block* take_locked(Block* b, std::size_t rounded);  // b is free and unindexed
+  bool grow_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  bool grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  Segment* expandable_segment_locked(StreamId stream, PoolKind pool);
+  bool map_tail_locked(Segment* seg, std::size_t bytes);
+  void trim_tail_locked(Segment* seg);
+  void release_segment_locked(Segment* seg);
+  std::size_t release_cached_locked();
+  [[noreturn]] void raise_oom_locked(std::size_t requested, const char* why);
+
+  // --- free blocks ---------------------------------------------------------
+  void index_free_locked(Block* b);    // insert into the right free index
+  void unindex_free_locked(Block* b);  // remove from its free index
+  void count_inactive_locked(const Block* b, int sign);
+  void free_block_locked(Block* b);    // allocated/pending -> free, coalesced
+  void mark_allocated_locked(Block* b, std::size_t requested, StreamId stream);
+  Block* split_locked(Block* b, std::size_t first);  // returns the tail
+  void absorb_next_locked(Block* a);  // a takes over a->next (free, unindexed)
+
+  // --- stream uses ---------------------------------------------------------
+  void boundary_locked();  // seal groups, release what completed
+  bool reclaim_pending_locked(StreamId stream);  // for an allocation that found nothing
+  void synchronize_pending_locked();
+  void release_blocks_locked(const std::vector<Block*>& blocks);
+  void wait_epoch_locked(StreamId stream);
+  void synchronize_epoch_locked();
+
+  // --- planned territory (used by StepPlanner) ----------------------------
+  Segment* territory_segment_locked(StreamId stream, std::size_t top);
+  void promote_locked(Segment* seg, std::size_t top);
+  void demote_locked();
+  Block* place_locked(Segment* seg, std::size_t offset, std::size_t rounded,
+                      std::size_t requested, StreamId stream);
+
+  // --- blocks storage ------------------------------------------------------
+  Block* new_block();
+  void recycle_block(Block* b);
+  std::string describe_pointer_locked(const void* ptr) const;
+  Block* live_block_locked(const void* ptr, const char* what) const;
+
+  mutable std::mutex mu_;
+  std::shared_ptr<Device> device_;
+  ArenaConfig config_;
+  std::size_t unit_;  // rounding and alignment of block sizes
+
+  std::deque<Block> block_storage_;
+  std::vector<Block*> spare_blocks_;
+  std::map<char*, std::unique_ptr<Segment>> segments_;  // by base address
+  std::map<std::pair<StreamId, PoolKind>, Segment*> expandable_;
+  bool ranges_ok_;
+  FreeSet small_free_, large_free_;
+  std::unordered_map<const void*, Block*> live_;
+
+  DeviceStats stats_;
+  EventPool events_;
+  PendingGroups pending_;
+  struct EpochEvent {
+    StreamId stream;
+    EventId event;
+    std::vector<StreamId> waited;  // streams already made to wait on it
+  };
+  std::vector<EpochEvent> epoch_;
+  Segment* territory_ = nullptr;  // segment holding planned territory
+
+  std::unique_ptr<StepPlanner> steps_;
+};
+
+}  // namespace renaissance

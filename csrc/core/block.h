@@ -1,0 +1,79 @@
+// block.h - segments and blocks, the data the arena is made of.
+//
+// Invariants:
+//   * The blocks of a segment tile [base, base + size) exactly, in address
+//     order, linked through prev/next; `size` is the mapped size (for an
+//     expandable segment, the part of its address range backed by memory).
+//   * A free block is in exactly one index: the dynamic pool's best-fit set
+//     if it lies in dynamic territory, or its segment's `plan_free` map if it
+//     lies in planned territory ([base, base + plan_top)). No block straddles
+//     base + plan_top, and two free neighbours in the same territory are
+//     always merged.
+//   * Allocated and pending blocks are in no free index. A pending block
+//     (freed while another stream may still use it) keeps its range until
+//     every stream use it waits on has completed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "core/device.h"
+#include "core/stats.h"
+
+namespace renaissance {
+
+enum class BlockState : std::uint8_t { kFree, kAllocated, kPending };
+
+struct Segment;
+
+struct Block {
+  char* ptr = nullptr;
+  std::size_t size = 0;       // bytes, a multiple of the arena's rounding unit
+  std::size_t requested = 0;  // bytes the caller asked for (allocated blocks)
+  Segment* segment = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  BlockState state = BlockState::kFree;
+  bool planned = false;       // placed at a planned offset by replay
+  StreamId stream = 0;        // allocating stream
+  std::vector<StreamId> uses;  // other streams that used it (record_stream)
+  int pending_on = 0;         // stream-use groups it still waits for
+  std::uint64_t step = 0;     // step in which it was allocated (0: none)
+  std::int64_t seq = -1;      // its index in that step's trace
+};
+
+// Best-fit order: by stream, then size, then address (PyTorch's BlockComparator).
+struct BySizeThenAddress {
+  bool operator()(const Block* a, const Block* b) const {
+    return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+  }
+};
+using FreeSet = std::set<Block*, BySizeThenAddress>;
+
+struct Segment {
+  char* base = nullptr;
+  std::size_t size = 0;      // mapped bytes (== reserved bytes it accounts for)
+  std::size_t capacity = 0;  // address range; == size for fixed segments
+  PoolKind pool = PoolKind::kLarge;
+  bool expandable = false;
+  StreamId stream = 0;       // the stream whose allocations it serves
+  Block* head = nullptr;
+  Block* tail = nullptr;
+  std::size_t live = 0;      // allocated + pending blocks in it
+  // Planned territory: [base, base + plan_top). Its free blocks are indexed
+  // by address in plan_free instead of the best-fit set.
+  std::size_t plan_top = 0;
+  std::map<char*, Block*> plan_free;
+  bool retire = false;       // release to the device once it is wholly free
+
+  bool in_territory(const Block* b) const { return b->ptr < base + plan_top; }
+  bool wholly_free() const {
+    return head && head->next == nullptr && head->state == BlockState::kFree;
+  }
+};
+
+}  // namespace renaissance

@@ -1,0 +1,57 @@
+// stats.cpp - see stats.h.
+#include "core/stats.h"
+
+#include <cstdio>
+#include <string>
+
+#include "core/errors.h"
+
+namespace renaissance {
+
+namespace {
+template <typename F>
+void for_each_array(DeviceStats& s, F f) {
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
+                       &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                       &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (Stat& st : *a) f(st);
+  }
+  f(s.oversize_allocations);
+  f(s.oversize_segments);
+  f(s.pending_bytes);
+}
+}  // namespace
+
+void DeviceStats::reset_peak() {
+  for_each_array(*this, [](Stat& st) { st.reset_peak(); });
+}
+
+void DeviceStats::reset_accumulated() {
+  for_each_array(*this, [](Stat& st) { st.reset_accumulated(); });
+  num_alloc_retries = num_ooms = num_sync_all_streams = 0;
+  num_device_alloc = num_device_free = 0;
+  events_recorded = event_queries = 0;
+}
+
+std::string format_bytes(std::size_t bytes) {
+  // Same thresholds as c10::CachingAllocator::format_size.
+  char buf[64];
+  if (bytes <= 1024) {
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  } else if (bytes <= (std::size_t(1) << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", bytes / 1024.0);
+  } else if (bytes <= (std::size_t(1) << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / 1048576.0);
+  } else if (bytes <= (std::size_t(1) << 40)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  } else if (bytes <= (std::size_t(1) << 50)) {
+    std::snprintf(buf, sizeof buf, "%.2f TiB", bytes / 1099511627776.0);
+  } else if (bytes <= (std::size_t(1) << 60)) {
+    std::snprintf(buf, sizeof buf, "%.2f PiB", bytes / 1125899906842624.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f EiB", bytes / 1152921504606846976.0);
+  }
+  return buf;
+}
+
+}  // namespace renaissance

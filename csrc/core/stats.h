@@ -1,0 +1,79 @@
+// stats.h - allocator statistics with PyTorch's names and semantics
+// (c10/core/CachingDeviceAllocator.h: Stat, StatArray, DeviceStats).
+//
+// Invariants:
+//   * current = allocated - freed (since the last accumulated reset, current
+//     is kept), peak >= current, and current never goes negative: a decrease
+//     past zero is a logic error and is clamped and counted in
+//     `stat_underflows` so tests can catch it.
+//   * reset_peak() sets peak = current and never changes current;
+//     reset_accumulated() clears allocated / freed only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace renaissance {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  // Returns false (and clamps at 0) if the decrease would go negative.
+  bool decrease(std::int64_t amount) {
+    freed += amount;
+    current -= amount;
+    if (current < 0) {
+      current = 0;
+      return false;
+    }
+    return true;
+  }
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = freed = 0; }
+};
+
+// Index 0: all pools, 1: small pool, 2: large pool (PyTorch's StatType).
+enum class PoolKind : std::uint8_t { kSmall = 1, kLarge = 2 };
+using StatArray = std::array<Stat, 3>;
+
+struct DeviceStats {
+  StatArray allocation, segment, active, inactive_split;
+  StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes,
+      requested_bytes;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+  // We never refuse to split a block, so nothing is "oversize"; kept for
+  // PyTorch's key set (max_split_size is reported as -1, "no limit").
+  Stat oversize_allocations, oversize_segments;
+
+  // torch_renaissance's own counters ("renaissance.*" keys).
+  Stat pending_bytes;  // freed blocks waiting on stream events
+  std::int64_t events_recorded = 0;
+  std::int64_t event_queries = 0;
+  std::int64_t stat_underflows = 0;
+
+  void add(StatArray& a, PoolKind pool, std::int64_t amount) {
+    a[0].increase(amount);
+    a[static_cast<int>(pool)].increase(amount);
+  }
+  void sub(StatArray& a, PoolKind pool, std::int64_t amount) {
+    if (!a[0].decrease(amount)) ++stat_underflows;
+    if (!a[static_cast<int>(pool)].decrease(amount)) ++stat_underflows;
+  }
+  void reset_peak();
+  void reset_accumulated();
+};
+
+}  // namespace renaissance

@@ -1,0 +1,121 @@
+// stream_events.cpp - see stream_events.h for the invariants.
+#include "core/stream_events.h"
+
+namespace renaissance {
+
+EventPool::~EventPool() {
+  for (EventId e : free_) {
+    try {
+      device_.destroy_event(e);
+    } catch (...) {
+      // Destruction at exit: the device may already be gone; nothing to do.
+    }
+  }
+}
+
+EventId EventPool::get() {
+  if (!free_.empty()) {
+    EventId e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  return device_.create_event();
+}
+
+void PendingGroups::add(Block* block, Region region) {
+  for (StreamId use : block->uses) {
+    auto& v = open_[GroupKey{region, block->stream, use}];
+    if (v.empty()) ++open_count_;
+    v.push_back(block);
+    ++block->pending_on;
+  }
+}
+
+std::size_t PendingGroups::seal_all() {
+  std::size_t recorded = 0;
+  for (auto& [key, blocks] : open_) {
+    if (blocks.empty()) continue;
+    EventId e = events_.get();
+    device_.record_event(e, key.use);
+    ++recorded;
+    sealed_[key].push_back(SealedGroup{e, std::move(blocks)});
+    blocks.clear();
+    ++sealed_count_;
+  }
+  open_.clear();
+  open_count_ = 0;
+  return recorded;
+}
+
+void PendingGroups::finish(SealedGroup& g, std::vector<Block*>& out) {
+  for (Block* b : g.blocks) {
+    if (--b->pending_on == 0) out.push_back(b);
+  }
+  g.blocks.clear();
+  --sealed_count_;
+}
+
+std::vector<Block*> PendingGroups::release_completed(std::int64_t& queries) {
+  std::vector<Block*> out;
+  for (auto it = sealed_.begin(); it != sealed_.end();) {
+    auto& q = it->second;
+    while (!q.empty()) {
+      ++queries;
+      if (!device_.query_event(q.front().event)) break;
+      events_.put(q.front().event);
+      finish(q.front(), out);
+      q.pop_front();
+    }
+    it = q.empty() ? sealed_.erase(it) : std::next(it);
+  }
+  return out;
+}
+
+std::vector<Block*> PendingGroups::release_by_waiting(Region region, StreamId stream) {
+  std::vector<Block*> out;
+  for (auto it = sealed_.begin(); it != sealed_.end();) {
+    if (it->first.region != region || it->first.owner != stream) {
+      ++it;
+      continue;
+    }
+    for (SealedGroup& g : it->second) {
+      device_.stream_wait_event(stream, g.event);
+      events_.put(g.event);
+      finish(g, out);
+    }
+    it = sealed_.erase(it);
+  }
+  return out;
+}
+
+std::vector<Block*> PendingGroups::release_region(
+    Region region, std::vector<std::pair<StreamId, EventId>>& events) {
+  std::vector<Block*> out;
+  for (auto it = sealed_.begin(); it != sealed_.end();) {
+    if (it->first.region != region) {
+      ++it;
+      continue;
+    }
+    for (SealedGroup& g : it->second) {
+      events.emplace_back(it->first.use, g.event);
+      finish(g, out);
+    }
+    it = sealed_.erase(it);
+  }
+  return out;
+}
+
+std::vector<Block*> PendingGroups::synchronize_all() {
+  std::vector<Block*> out;
+  for (auto& [key, q] : sealed_) {
+    for (SealedGroup& g : q) {
+      device_.synchronize_event(g.event);
+      events_.put(g.event);
+      finish(g, out);
+    }
+  }
+  sealed_.clear();
+  return out;
+}
+
+}  // namespace renaissance

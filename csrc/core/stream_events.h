@@ -1,0 +1,98 @@
+// stream_events.h - stream uses resolved with region-level events.
+//
+// A block freed while other streams may still use it is *pending*. Pending
+// blocks are grouped by (region, owner stream, use stream). A group is open
+// until the next boundary (a step boundary, a stream-manager sync point, or
+// an allocation that finds no free block); then ONE event is recorded on the
+// use stream for the whole group and the group is sealed. A sealed group's
+// event covers all work enqueued on the use stream before the boundary, which
+// includes everything enqueued before each of its blocks was freed.
+//
+// Invariants:
+//   * A block is released only when every group it belongs to is released;
+//     a group is released only when its event is complete (query or host
+//     synchronization) or when the stream that takes the memory has been made
+//     to wait on the event (the stream-ordered `wait` policy).
+//   * Events per boundary are O(groups), never O(blocks); queries likewise.
+//   * Sealed groups of one key are released in recording order (events on one
+//     stream complete in order).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "core/block.h"
+#include "core/device.h"
+
+namespace renaissance {
+
+enum class Region : std::uint32_t { kDynamic = 0, kPlanned = 1 };
+
+struct GroupKey {
+  Region region;
+  StreamId owner;  // the allocating stream of the blocks
+  StreamId use;    // the stream the event is recorded on
+  bool operator<(const GroupKey& o) const {
+    return std::tie(region, owner, use) < std::tie(o.region, o.owner, o.use);
+  }
+};
+
+// Recycles events (creating CUDA events is not free).
+class EventPool {
+ public:
+  explicit EventPool(Device& device) : device_(device) {}
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  EventId get();
+  void put(EventId event) { free_.push_back(event); }
+
+ private:
+  Device& device_;
+  std::vector<EventId> free_;
+};
+
+struct SealedGroup {
+  EventId event;
+  std::vector<Block*> blocks;
+};
+
+class PendingGroups {
+ public:
+  PendingGroups(Device& device, EventPool& events) : device_(device), events_(events) {}
+
+  // Adds a freed block with stream uses to the open group of each use.
+  void add(Block* block, Region region);
+  bool empty() const { return open_count_ == 0 && sealed_count_ == 0; }
+  bool has_open() const { return open_count_ != 0; }
+  std::size_t sealed_groups() const { return sealed_count_; }
+
+  // Boundary: records one event per open group. Returns events recorded.
+  std::size_t seal_all();
+  // Releases the groups whose events are complete; returns blocks that are no
+  // longer pending on anything. `queries` counts event queries.
+  std::vector<Block*> release_completed(std::int64_t& queries);
+  // Makes `stream` wait on every sealed group of owner `stream` in `region`
+  // and releases them (no host synchronization).
+  std::vector<Block*> release_by_waiting(Region region, StreamId stream);
+  // Releases every sealed group of `region` and hands their events to the
+  // caller (who must wait on them or return them to the pool).
+  std::vector<Block*> release_region(Region region, std::vector<std::pair<StreamId, EventId>>& events);
+  // Host-synchronizes every sealed group and releases it.
+  std::vector<Block*> synchronize_all();
+
+ private:
+  void finish(SealedGroup& g, std::vector<Block*>& out);
+
+  Device& device_;
+  EventPool& events_;
+  std::map<GroupKey, std::vector<Block*>> open_;
+  std::map<GroupKey, std::deque<SealedGroup>> sealed_;
+  std::size_t open_count_ = 0;
+  std::size_t sealed_count_ = 0;
+};
+
+}  // namespace renaissance

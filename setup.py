@@ -1,0 +1,61 @@
+"""Build torch_renaissance's compiled extension ``torch_renaissance._C``.
+
+CPU-only build by default. The CUDA parts (``csrc/core/cuda_device.cpp`` and
+``csrc/torch/cuda_allocator.cpp``) are added when the installed torch was built
+with CUDA and a CUDA toolkit is found (``CUDA_HOME`` or ``/usr/local/cuda``),
+unless ``TORCH_RENAISSANCE_CUDA=0``. Use ``MAX_JOBS=2`` on small machines.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CUDA_ONLY = {"csrc/core/cuda_device.cpp", "csrc/torch/cuda_allocator.cpp"}
+
+
+def _want_cuda() -> bool:
+    flag = os.environ.get("TORCH_RENAISSANCE_CUDA")
+    if flag is not None and flag.strip() in ("0", "false", "False", "no"):
+        return False
+    import torch
+
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def _sources(with_cuda: bool) -> list[str]:
+    files = []
+    for pattern in ("csrc/core/*.cpp", "csrc/torch/*.cpp", "csrc/python/*.cpp"):
+        files += sorted(glob.glob(pattern, root_dir=ROOT))
+    return [f for f in files if with_cuda or f not in CUDA_ONLY]
+
+
+def _extension():
+    with_cuda = _want_cuda()
+    cxx = ["-O2", "-std=c++17", "-Wall", "-Wextra", "-fvisibility=hidden"]
+    macros = []
+    if with_cuda:
+        macros.append(("TR_WITH_CUDA", "1"))
+        return cpp_extension.CUDAExtension(
+            "torch_renaissance._C",
+            _sources(True),
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            define_macros=macros,
+            extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]},
+        )
+    return cpp_extension.CppExtension(
+        "torch_renaissance._C",
+        _sources(False),
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        define_macros=macros,
+        extra_compile_args={"cxx": cxx},
+    )
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)
