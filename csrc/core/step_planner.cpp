@@ -1,0 +1,396 @@
+// step_planner.cpp - see step_planner.h for the policy and invariants.
+#include "core/step_planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_set>
+
+#include "core/planner.h"
+
+namespace renaissance {
+
+namespace {
+std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+}  // namespace
+
+bool StepPlanner::fits(const Layout& l, std::size_t i, std::size_t rounded,
+                       StreamId stream) const {
+  return i < l.slots.size() && l.slots[i].stream == stream && rounded <= l.slots[i].size;
+}
+
+bool StepPlanner::switch_layout(std::size_t i, std::size_t rounded, StreamId stream) {
+  // The step's first allocations choose the variant: take the most recently
+  // used layout that fits every request so far and this one.
+  Layout* best = nullptr;
+  std::uint64_t best_use = 0;
+  for (const Variant& v : variants_) {
+    Layout* l = v.layout;
+    if (l == active_ || (best && v.last_used <= best_use)) continue;
+    if (!fits(*l, i, rounded, stream)) continue;
+    bool ok = true;
+    for (std::size_t j = 0; ok && j < i; ++j) {
+      const Entry& e = cur_->entries[j];
+      ok = fits(*l, j, e.rounded, e.stream);
+    }
+    if (ok) {
+      best = l;
+      best_use = v.last_used;
+    }
+  }
+  if (!best) return false;
+  active_ = best;
+  return true;
+}
+
+Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
+  if (!open_ || !replaying_) return nullptr;
+  const std::size_t i = cur_->entries.size();
+  ++stats_.requests;
+  if (!fits(*active_, i, rounded, stream) && !switch_layout(i, rounded, stream)) {
+    // The sequence left every layout: serve the rest of the step dynamically,
+    // with the territory handed back so that nothing is held twice.
+    ++stats_.misses;
+    missed_ = true;
+    replaying_ = false;
+    arena_.demote_locked();
+    return nullptr;
+  }
+  const Slot& s = active_->slots[i];
+  if (s.dynamic) {
+    ++stats_.hits;
+    ++cur_hits_;
+    return nullptr;
+  }
+  Block* b = arena_.territory_ ? arena_.place_locked(arena_.territory_, s.offset, rounded,
+                                                     requested, stream)
+                               : nullptr;
+  if (!b) {
+    ++stats_.conflicts;
+    ++step_conflicts_;
+    return nullptr;
+  }
+  ++stats_.hits;
+  ++cur_hits_;
+  return b;
+}
+
+void StepPlanner::on_allocated(Block* b) {
+  if (!open_) return;
+  b->step = step_;
+  b->seq = static_cast<std::int64_t>(cur_->entries.size());
+  Entry e;
+  e.rounded = b->size;
+  e.stream = b->stream;
+  e.t_alloc = clock_++;
+  e.address = reinterpret_cast<std::uintptr_t>(b->ptr);
+  const std::size_t i = cur_->entries.size();
+  if (prev_ && i < prev_->entries.size()) {
+    ++cur_comparable_;
+    if (prev_->entries[i].address == e.address) ++cur_same_;
+  }
+  cur_->entries.push_back(e);
+  ++cur_allocations_;
+}
+
+void StepPlanner::on_free(Block* b) {
+  if (b->step == 0) return;
+  if (!open_) {
+    if (b->step == step_) between_frees_.push_back(b->seq);
+    return;
+  }
+  if (b->step == step_) {
+    cur_->entries[static_cast<std::size_t>(b->seq)].t_free = clock_++;
+  } else if (b->step + 1 == step_) {
+    cur_->livein_frees.emplace_back(b->seq, clock_++);
+  }
+}
+
+void StepPlanner::on_record_stream(Block* b, StreamId) {
+  if (open_ && b->step == step_) cur_->entries[static_cast<std::size_t>(b->seq)].used_elsewhere = true;
+}
+
+bool StepPlanner::activate_territory() {
+  std::size_t top = 0;
+  StreamId stream = 0;
+  for (const auto& l : layouts_) {
+    top = std::max(top, l->top);
+    stream = l->stream;
+  }
+  if (top == 0) return false;
+  Segment* seg = arena_.territory_;
+  if (seg && seg->plan_top >= top) return true;
+  return arena_.territory_segment_locked(stream, top) != nullptr;
+}
+
+void StepPlanner::begin_step() {
+  if (open_) end_step();
+  open_ = true;
+  ++step_;
+  clock_ = 0;
+  missed_ = false;
+  step_conflicts_ = 0;
+  cur_allocations_ = cur_hits_ = cur_same_ = cur_comparable_ = 0;
+  cur_ = std::make_unique<StepTrace>();
+  cur_->step = step_;
+  // Frees of the last step's buffers that happened between the steps count
+  // as the first events of this one.
+  for (std::int64_t seq : between_frees_) cur_->livein_frees.emplace_back(seq, clock_++);
+  between_frees_.clear();
+  active_ = nullptr;
+  std::uint64_t best = 0;
+  for (const Variant& v : variants_) {
+    if (!active_ || v.last_used > best) {
+      active_ = v.layout;
+      best = v.last_used;
+    }
+  }
+  replaying_ = active_ && activate_territory();
+  if (replaying_) ++stats_.planned_steps;
+}
+
+void StepPlanner::release_territory() {
+  if (open_) replaying_ = false;
+  arena_.demote_locked();
+}
+
+void StepPlanner::end_step() {
+  if (!open_) return;
+  open_ = false;
+  replaying_ = false;
+  cur_->end_time = clock_;
+  ++stats_.steps;
+  if (cur_allocations_) {
+    stats_.last_step_allocations = cur_allocations_;
+    stats_.last_step_hits = cur_hits_;
+    stats_.last_step_same_address = cur_same_;
+    stats_.last_step_comparable = cur_comparable_;
+  }
+
+  // Which variant was this step? Exact size sequences identify variants.
+  std::vector<std::size_t> sizes;
+  sizes.reserve(cur_->entries.size());
+  for (const Entry& e : cur_->entries) sizes.push_back(e.rounded);
+  Variant* known = nullptr;
+  for (Variant& v : variants_) {
+    if (v.sizes == sizes) known = &v;
+  }
+  if (known) {
+    known->last_used = ++use_clock_;
+    Layout* l = known->layout;
+    l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
+    // Conflicts that persist (a new long-lived block in the way): re-plan.
+    if (l->conflict_streak >= 2 && prev_) plan_step();
+  } else if (prev_ && !cur_->entries.empty()) {
+    plan_step();
+  }
+  if (settle_steps_ > 0) {
+    --settle_steps_;
+    // After a (re)plan, give back what recording and the first replay
+    // steps left in the dynamic pool.
+    arena_.release_cached_locked();
+  }
+  prev_ = std::move(cur_);
+}
+
+void StepPlanner::forget_least_recent_variant() {
+  auto lru = std::min_element(variants_.begin(), variants_.end(),
+                              [](const Variant& a, const Variant& b) { return a.last_used < b.last_used; });
+  Layout* l = lru->layout;
+  variants_.erase(lru);
+  const bool used = std::any_of(variants_.begin(), variants_.end(),
+                                [l](const Variant& v) { return v.layout == l; });
+  if (!used) {
+    if (active_ == l) active_ = nullptr;
+    layouts_.erase(std::find_if(layouts_.begin(), layouts_.end(),
+                                [l](const std::unique_ptr<Layout>& p) { return p.get() == l; }));
+  }
+}
+
+void StepPlanner::plan_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const StepTrace& cur = *cur_;
+  const std::int64_t T = std::max<std::int64_t>(cur.end_time, 1);
+
+  // Free times, in this step, of the previous step's live-outs.
+  std::vector<std::pair<std::int64_t, std::int64_t>> died(cur.livein_frees);
+  std::sort(died.begin(), died.end());
+
+  std::vector<Slot> slots(cur.entries.size());
+  std::size_t next = 0;  // cursor into `died` (ordered by the previous step's seq)
+  bool wraps = false;
+  for (std::size_t i = 0; i < cur.entries.size(); ++i) {
+    const Entry& e = cur.entries[i];
+    Slot& s = slots[i];
+    s.size = e.rounded;
+    s.stream = e.stream;
+    s.lower = e.t_alloc;
+    if (e.t_free >= 0) {
+      s.upper = e.used_elsewhere ? T : std::max(e.t_free, e.t_alloc + 1);
+      continue;
+    }
+    // A live-out: find the next previous-step live-out of the same size that
+    // died during this step; this one will die at the same point next step.
+    std::size_t j = next;
+    while (j < died.size() &&
+           prev_->entries[static_cast<std::size_t>(died[j].first)].rounded != e.rounded) {
+      ++j;
+    }
+    if (j == died.size()) {
+      s.dynamic = true;  // persistent: lives on, the dynamic pool keeps it
+      continue;
+    }
+    next = j + 1;
+    const std::int64_t t_next = died[j].second;
+    if (t_next > e.t_alloc) {
+      s.dynamic = true;  // would overlap itself across steps (double buffering)
+      continue;
+    }
+    s.upper = T + t_next;
+    if (e.used_elsewhere) s.upper = std::max(s.upper, T);
+    if (s.upper > T) wraps = true;
+  }
+
+  // Same structure as a kept layout: merge (max sizes, union of lifetimes).
+  Layout* target = nullptr;
+  for (auto& l : layouts_) {
+    if (l->slots.size() != slots.size()) continue;
+    bool same = true;
+    for (std::size_t i = 0; same && i < slots.size(); ++i) same = l->slots[i].stream == slots[i].stream;
+    if (same) target = l.get();
+  }
+  std::int64_t horizon = T;  // the step's length on the merged time axis
+  if (target) {
+    // Put both on one time axis of length P; a wrapped upper keeps its
+    // distance from the step's end.
+    const std::int64_t P = std::max(target->horizon, T);
+    auto norm = [P](std::int64_t upper, std::int64_t h) { return upper > h ? upper - h + P : upper; };
+    wraps = false;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      Slot& s = slots[i];
+      const Slot& o = target->slots[i];
+      s.size = std::max(s.size, o.size);
+      s.dynamic = s.dynamic || o.dynamic;
+      if (s.dynamic) continue;
+      s.upper = std::max(norm(s.upper, T), norm(o.upper, target->horizon));
+      s.lower = std::min(s.lower, o.lower);
+      if (s.upper - s.lower > P) s.dynamic = true;  // would overlap itself
+      else if (s.upper > P) wraps = true;
+    }
+    horizon = P;
+  }
+  const std::int64_t period = wraps ? horizon : 0;
+
+  // The problem: planned slots, plus the live blocks of the target segment
+  // that are not this step's live-outs as obstacles.
+  planner::Problem problem;
+  problem.period = period;
+  std::vector<std::size_t> index;  // problem buffer -> slot
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].dynamic) continue;
+    problem.buffers.push_back(planner::Buffer{slots[i].size, slots[i].lower, slots[i].upper});
+    index.push_back(i);
+  }
+  StreamId stream = cur.entries.empty() ? 0 : cur.entries.front().stream;
+  Segment* seg = nullptr;
+  if (arena_.config_.expandable_segments && arena_.ranges_ok_) {
+    seg = arena_.expandable_segment_locked(stream, PoolKind::kLarge);
+  } else {
+    seg = arena_.territory_;
+  }
+  std::size_t obstacle_bytes = 0;
+  if (seg) {
+    for (Block* b = seg->head; b; b = b->next) {
+      if (b->state == BlockState::kFree) continue;
+      if (b->step == step_) continue;  // this step's live-outs are slots
+      problem.fixed.push_back(planner::FixedBuffer{
+          static_cast<std::size_t>(b->ptr - seg->base), b->size, 0, horizon});
+      obstacle_bytes += b->size;
+    }
+  }
+  std::size_t persistent = 0;
+  for (const auto& [ptr, b] : arena_.live_) {
+    if (b->step != step_) persistent += b->size;
+  }
+  if (problem.buffers.empty()) return;
+
+  planner::Options opts;
+  opts.budget_seconds = arena_.config_.plan_budget_seconds;
+  planner::Result r = planner::plan(problem, opts);
+
+  std::unique_ptr<Layout> fresh;
+  Layout* layout = target;
+  if (!layout) {
+    fresh = std::make_unique<Layout>();
+    layout = fresh.get();
+  }
+  layout->slots = std::move(slots);
+  layout->period = period;
+  layout->horizon = horizon;
+  layout->stream = stream;
+  layout->top = 0;
+  for (std::size_t k = 0; k < index.size(); ++k) {
+    Slot& s = layout->slots[index[k]];
+    s.offset = r.offsets[k];
+    layout->top = std::max(layout->top, s.offset + s.size);
+  }
+  layout->top = round_up(layout->top, arena_.unit_);
+  planner::Problem alone;
+  alone.buffers = problem.buffers;
+  alone.period = problem.period;
+  layout->load = planner::load(alone);
+  layout->greedy = r.greedy_size;
+  layout->obstacles = obstacle_bytes;
+  layout->persistent = persistent;
+  layout->conflict_streak = 0;
+  if (fresh) layouts_.push_back(std::move(fresh));
+
+  // Register the variant, evicting the least recently used beyond the limit.
+  std::vector<std::size_t> sizes;
+  for (const Entry& e : cur.entries) sizes.push_back(e.rounded);
+  auto known = std::find_if(variants_.begin(), variants_.end(),
+                            [&](const Variant& v) { return v.sizes == sizes; });
+  if (known == variants_.end()) {
+    variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_});
+  } else {
+    known->layout = layout;
+    known->last_used = ++use_clock_;
+  }
+  while (variants_.size() > std::max<std::size_t>(1, arena_.config_.max_variants)) {
+    forget_least_recent_variant();
+  }
+
+  ++stats_.plans;
+  stats_.plan_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  settle_steps_ = 2;
+  // Make the territory cover every kept layout now, so that the next step
+  // starts replaying at once.
+  arena_.demote_locked();
+  activate_territory();
+}
+
+PlanStats StepPlanner::stats() const {
+  PlanStats s = stats_;
+  s.variants = static_cast<std::int64_t>(variants_.size());
+  s.layouts = static_cast<std::int64_t>(layouts_.size());
+  const Layout* l = active_;
+  if (!l) {
+    std::uint64_t best = 0;
+    for (const Variant& v : variants_) {
+      if (!l || v.last_used > best) {
+        l = v.layout;
+        best = v.last_used;
+      }
+    }
+  }
+  if (l) {
+    s.plan_bytes = static_cast<std::int64_t>(l->top);
+    s.load_bytes = static_cast<std::int64_t>(l->load + l->persistent);
+    s.step_load_bytes = static_cast<std::int64_t>(l->load);
+    s.greedy_bytes = static_cast<std::int64_t>(l->greedy);
+    s.obstacle_bytes = static_cast<std::int64_t>(l->obstacles);
+  }
+  return s;
+}
+
+}  // namespace renaissance

@@ -1,0 +1,122 @@
+// step_planner.h - record a step, plan it, replay it (the planned arena's
+// policy; the mechanisms are the Arena's).
+//
+// Steps are numbered from 1. Every step's allocations are recorded as a trace
+// (size, stream, logical alloc/free time, stream uses, address). At the end
+// of step k >= 2 whose size sequence is new, the step is planned:
+//   * buffers born and dead inside the step get their lifetime;
+//   * buffers that outlive the step (live-outs) are matched, in order and by
+//     size, with the live-outs of step k-1 that died during step k: such a
+//     buffer wraps around the step boundary (cyclic lifetime, e.g. gradients
+//     made in backward and freed by the next zero_grad); unmatched live-outs
+//     are persistent and stay in the dynamic pool;
+//   * buffers used on another stream keep their range until the step ends;
+//   * live blocks of the target segment are obstacles the plan avoids.
+// A layout is one plan per structure (allocation count and streams); the
+// variants of a structure (other batch sizes or lengths) share its layout,
+// each slot taking the max size over them, so the addresses do not change.
+//
+// Invariants:
+//   * Replay never returns memory a live block holds: the arena's placement
+//     checks the range against its free index first (O(log n)); a conflict
+//     or a mismatch falls back to the dynamic pool and is counted.
+//   * At most `max_variants` variants are kept, least recently used out; a
+//     layout lives while one of its variants does.
+//   * All methods run with the arena's lock held.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/arena.h"
+
+namespace renaissance {
+
+class StepPlanner {
+ public:
+  explicit StepPlanner(Arena& arena) : arena_(arena) {}
+
+  // Allocation hooks.
+  Block* place(std::size_t requested, std::size_t rounded, StreamId stream);
+  void on_allocated(Block* b);
+  void on_free(Block* b);
+  void on_record_stream(Block* b, StreamId stream);
+
+  void begin_step();
+  void end_step();
+  bool in_step() const { return open_; }
+  // A step is open and served by the dynamic pool (no plan, or it diverged).
+  bool recording() const { return open_ && !replaying_; }
+  // Out-of-memory path: hand the planned territory to the dynamic pool for
+  // the rest of this step.
+  void release_territory();
+  PlanStats stats() const;
+
+ private:
+  struct Entry {
+    std::size_t rounded = 0;
+    StreamId stream = 0;
+    std::int64_t t_alloc = 0;
+    std::int64_t t_free = -1;  // -1: still live at the end of the step
+    bool used_elsewhere = false;
+    std::uintptr_t address = 0;
+  };
+  struct StepTrace {
+    std::uint64_t step = 0;
+    std::vector<Entry> entries;
+    std::int64_t end_time = 0;
+    std::vector<std::pair<std::int64_t, std::int64_t>> livein_frees;  // (prev seq, time)
+  };
+  struct Slot {
+    std::size_t size = 0;
+    std::int64_t lower = 0, upper = 0;
+    StreamId stream = 0;
+    bool dynamic = false;  // served by the dynamic pool (persistent buffers)
+    std::size_t offset = 0;
+  };
+  struct Layout {
+    std::vector<Slot> slots;
+    std::int64_t period = 0;   // 0: no slot wraps around the step boundary
+    std::int64_t horizon = 0;  // the step's length in logical ticks
+    StreamId stream = 0;
+    std::size_t top = 0;       // end of the highest slot
+    std::size_t load = 0;      // LOAD of the step's buffers alone
+    std::size_t greedy = 0;    // greedy-by-size plan size (same problem)
+    std::size_t obstacles = 0; // bytes of obstacles in the problem
+    std::size_t persistent = 0;  // live bytes outside the step at plan time
+    int conflict_streak = 0;
+  };
+  struct Variant {
+    Layout* layout = nullptr;
+    std::vector<std::size_t> sizes;
+    std::uint64_t last_used = 0;
+  };
+
+  bool fits(const Layout& l, std::size_t i, std::size_t rounded, StreamId stream) const;
+  bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream);
+  bool activate_territory();
+  void plan_step();
+  void forget_least_recent_variant();
+
+  Arena& arena_;
+  bool open_ = false;
+  bool replaying_ = false;
+  std::uint64_t step_ = 0;
+  std::int64_t clock_ = 0;
+  std::unique_ptr<StepTrace> cur_, prev_;
+  std::vector<std::int64_t> between_frees_;  // seqs of step_ freed after it ended
+  std::vector<std::unique_ptr<Layout>> layouts_;
+  std::vector<Variant> variants_;
+  Layout* active_ = nullptr;
+  std::uint64_t use_clock_ = 0;
+  int settle_steps_ = 0;
+  bool missed_ = false;
+  std::int64_t step_conflicts_ = 0;
+  // Counters of the open step; copied to stats_.last_step_* when it ends
+  // with at least one allocation.
+  std::int64_t cur_allocations_ = 0, cur_hits_ = 0, cur_same_ = 0, cur_comparable_ = 0;
+  PlanStats stats_;
+};
+
+}  // namespace renaissance
