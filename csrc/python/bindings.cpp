@@ -1,0 +1,336 @@
+// bindings.cpp - pybind11 bindings of the core (devices, arena, planner) and
+// of the torch glue (the CPU allocator). Pointers cross as Python ints.
+//
+// Error mapping: OutOfMemoryError -> torch.OutOfMemoryError,
+// InvalidPointerError -> InvalidPointerError (a ValueError),
+// DeviceError -> RuntimeError, std::invalid_argument -> ValueError.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/arena.h"
+#include "core/host_device.h"
+#include "core/planner.h"
+#include "core/sim_device.h"
+#include "torch/cpu_allocator.h"
+#ifdef TR_WITH_CUDA
+#include "python/cuda_bindings.h"  // void bind_cuda(pybind11::module_&)
+#endif
+
+namespace py = pybind11;
+using namespace renaissance;
+
+namespace {
+
+void* to_ptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+std::uintptr_t to_int(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+py::dict stat_dict(const Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+py::dict stat_array_dict(const StatArray& a) {
+  py::dict d;
+  d["all"] = stat_dict(a[0]);
+  d["small_pool"] = stat_dict(a[1]);
+  d["large_pool"] = stat_dict(a[2]);
+  return d;
+}
+
+// The nested dict of torch/csrc/cuda/Module.cpp (memoryStats), plus a
+// "renaissance" sub-dict for what PyTorch has no name for.
+py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
+  py::dict d;
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  d["num_ooms"] = s.num_ooms;
+  d["max_split_size"] = -1;
+  d["num_sync_all_streams"] = s.num_sync_all_streams;
+  d["num_device_alloc"] = s.num_device_alloc;
+  d["num_device_free"] = s.num_device_free;
+  d["allocation"] = stat_array_dict(s.allocation);
+  d["segment"] = stat_array_dict(s.segment);
+  d["active"] = stat_array_dict(s.active);
+  d["inactive_split"] = stat_array_dict(s.inactive_split);
+  d["allocated_bytes"] = stat_array_dict(s.allocated_bytes);
+  d["reserved_bytes"] = stat_array_dict(s.reserved_bytes);
+  d["active_bytes"] = stat_array_dict(s.active_bytes);
+  d["inactive_split_bytes"] = stat_array_dict(s.inactive_split_bytes);
+  d["requested_bytes"] = stat_array_dict(s.requested_bytes);
+  d["oversize_allocations"] = stat_dict(s.oversize_allocations);
+  d["oversize_segments"] = stat_dict(s.oversize_segments);
+  py::dict r;
+  r["pending_bytes"] = stat_dict(s.pending_bytes);
+  r["events_recorded"] = s.events_recorded;
+  r["event_queries"] = s.event_queries;
+  r["steps"] = p.steps;
+  r["planned_steps"] = p.planned_steps;
+  r["planned_requests"] = p.requests;
+  r["planned_hits"] = p.hits;
+  r["planned_misses"] = p.misses;
+  r["planned_conflicts"] = p.conflicts;
+  r["plans"] = p.plans;
+  r["variants"] = p.variants;
+  r["layouts"] = p.layouts;
+  r["plan_bytes"] = p.plan_bytes;
+  r["load_bytes"] = p.load_bytes;
+  r["step_load_bytes"] = p.step_load_bytes;
+  r["greedy_bytes"] = p.greedy_bytes;
+  r["obstacle_bytes"] = p.obstacle_bytes;
+  r["plan_seconds"] = p.plan_seconds;
+  r["last_step_allocations"] = p.last_step_allocations;
+  r["last_step_hits"] = p.last_step_hits;
+  r["last_step_same_address"] = p.last_step_same_address;
+  r["last_step_comparable"] = p.last_step_comparable;
+  d["renaissance"] = r;
+  return d;
+}
+
+const char* state_name(BlockState s) {
+  switch (s) {
+    case BlockState::kAllocated:
+      return "active_allocated";
+    case BlockState::kPending:
+      return "active_pending_free";
+    case BlockState::kFree:
+      break;
+  }
+  return "inactive";
+}
+
+// Segments in the shape of torch.cuda.memory._snapshot()["segments"].
+py::list snapshot_list(const std::vector<SegmentInfo>& segs, int device) {
+  py::list out;
+  for (const SegmentInfo& s : segs) {
+    py::dict d;
+    d["device"] = device;
+    d["address"] = s.address;
+    d["total_size"] = s.total_size;
+    d["allocated_size"] = s.allocated_size;
+    d["active_size"] = s.active_size;
+    d["requested_size"] = s.requested_size;
+    d["stream"] = s.stream;
+    d["segment_type"] = s.is_large ? "large" : "small";
+    d["segment_pool_id"] = py::make_tuple(0, 0);
+    d["expandable"] = s.expandable;
+    d["plan_top"] = s.plan_top;
+    py::list blocks;
+    for (const BlockInfo& b : s.blocks) {
+      py::dict bd;
+      bd["address"] = b.address;
+      bd["size"] = b.size;
+      bd["requested_size"] = b.requested;
+      bd["state"] = state_name(b.state);
+      bd["planned"] = b.planned;
+      bd["in_territory"] = b.in_territory;
+      bd["stream"] = b.stream;
+      blocks.append(bd);
+    }
+    d["blocks"] = blocks;
+    out.append(d);
+  }
+  return out;
+}
+
+ArenaConfig config_from(const py::kwargs& kw) {
+  ArenaConfig c;
+  for (auto item : kw) {
+    const std::string k = py::cast<std::string>(item.first);
+    py::handle v = item.second;
+    if (k == "max_reserved_bytes") c.max_reserved_bytes = py::cast<std::size_t>(v);
+    else if (k == "expandable_segments") c.expandable_segments = py::cast<bool>(v);
+    else if (k == "range_bytes") c.range_bytes = py::cast<std::size_t>(v);
+    else if (k == "stream_policy") {
+      const std::string p = py::cast<std::string>(v);
+      if (p == "defer") c.stream_policy = StreamPolicy::kDefer;
+      else if (p == "wait") c.stream_policy = StreamPolicy::kWait;
+      else throw py::value_error("stream_policy must be 'defer' or 'wait', got '" + p + "'");
+    } else if (k == "planning") c.planning = py::cast<bool>(v);
+    else if (k == "max_variants") c.max_variants = py::cast<std::size_t>(v);
+    else if (k == "plan_budget_seconds") c.plan_budget_seconds = py::cast<double>(v);
+    else if (k == "small_segment") c.small_segment = py::cast<std::size_t>(v);
+    else if (k == "large_segment") c.large_segment = py::cast<std::size_t>(v);
+    else throw py::value_error("unknown arena option '" + k + "'");
+  }
+  return c;
+}
+
+planner::Problem problem_from(const std::vector<std::uint64_t>& sizes,
+                              const std::vector<std::int64_t>& lowers,
+                              const std::vector<std::int64_t>& uppers, std::int64_t period,
+                              const std::vector<std::tuple<std::uint64_t, std::uint64_t,
+                                                           std::int64_t, std::int64_t>>& fixed) {
+  if (sizes.size() != lowers.size() || sizes.size() != uppers.size()) {
+    throw py::value_error("sizes, lowers and uppers must have the same length");
+  }
+  planner::Problem p;
+  p.period = period;
+  p.buffers.reserve(sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    p.buffers.push_back(planner::Buffer{sizes[i], lowers[i], uppers[i]});
+  }
+  for (const auto& [off, size, lo, up] : fixed) {
+    p.fixed.push_back(planner::FixedBuffer{off, size, lo, up});
+  }
+  return p;
+}
+
+py::dict result_dict(const planner::Result& r) {
+  py::dict d;
+  d["offsets"] = r.offsets;
+  d["size"] = r.size;
+  d["load"] = r.load;
+  d["greedy_size"] = r.greedy_size;
+  d["seconds"] = r.seconds;
+  d["method"] = r.method;
+  return d;
+}
+
+using FixedList = std::vector<std::tuple<std::uint64_t, std::uint64_t, std::int64_t, std::int64_t>>;
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_renaissance compiled core: device backends, arena, planner, torch glue";
+
+  static py::exception<InvalidPointerError> invalid_pointer(m, "InvalidPointerError",
+                                                             PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const OutOfMemoryError& e) {
+      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
+      PyErr_SetString(oom.ptr(), e.what());
+    } catch (const InvalidPointerError& e) {
+      PyErr_SetString(invalid_pointer.ptr(), e.what());
+    } catch (const DeviceError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  py::class_<Device, std::shared_ptr<Device>>(m, "Device")
+      .def_property_readonly("name", &Device::name)
+      .def_property_readonly("alignment", &Device::alignment)
+      .def_property_readonly("is_device_memory", &Device::is_device_memory);
+
+  py::class_<HostDevice, Device, std::shared_ptr<HostDevice>>(m, "HostDevice").def(py::init<>());
+
+  py::class_<SimWait>(m, "SimWait")
+      .def_readonly("stream", &SimWait::stream)
+      .def_readonly("event", &SimWait::event)
+      .def_readonly("event_stream", &SimWait::event_stream)
+      .def_readonly("event_position", &SimWait::event_position);
+
+  py::class_<SimDevice, Device, std::shared_ptr<SimDevice>>(m, "SimDevice")
+      .def(py::init<std::size_t, std::size_t>(), py::arg("capacity_bytes") = 0,
+           py::arg("alignment") = 512)
+      .def("new_stream", &SimDevice::new_stream)
+      .def_property_readonly("num_streams", &SimDevice::num_streams)
+      .def("enqueue", &SimDevice::enqueue, py::arg("stream"), py::arg("units") = 1)
+      .def("advance", &SimDevice::advance, py::arg("stream"), py::arg("units"))
+      .def("run_all", &SimDevice::run_all)
+      .def("enqueued", &SimDevice::enqueued)
+      .def("completed", &SimDevice::completed)
+      .def("waits", &SimDevice::waits)
+      .def_property_readonly("events_recorded", &SimDevice::events_recorded)
+      .def_property_readonly("event_queries", &SimDevice::event_queries)
+      .def_property_readonly("host_synchronizations", &SimDevice::host_synchronizations)
+      .def_property_readonly("live_events", &SimDevice::live_events)
+      .def_property_readonly("used_bytes", &SimDevice::used_bytes)
+      .def("set_address_ranges", &SimDevice::set_address_ranges);
+
+  py::class_<Arena, std::shared_ptr<Arena>>(m, "Arena")
+      .def(py::init([](std::shared_ptr<Device> d, const py::kwargs& kw) {
+             return std::make_shared<Arena>(std::move(d), config_from(kw));
+           }),
+           py::arg("device"))
+      .def(
+          "allocate",
+          [](Arena& a, std::size_t size, StreamId stream) { return to_int(a.allocate(size, stream)); },
+          py::arg("size"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "deallocate", [](Arena& a, std::uintptr_t p) { a.deallocate(to_ptr(p)); }, py::arg("ptr"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "record_stream", [](Arena& a, std::uintptr_t p, StreamId s) { a.record_stream(to_ptr(p), s); },
+          py::arg("ptr"), py::arg("stream"))
+      .def("empty_cache", &Arena::empty_cache, py::call_guard<py::gil_scoped_release>())
+      .def("sync_point", &Arena::sync_point, py::call_guard<py::gil_scoped_release>())
+      .def("begin_step", &Arena::begin_step, py::call_guard<py::gil_scoped_release>())
+      .def("end_step", &Arena::end_step, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("in_step", &Arena::in_step)
+      .def("stats", [](const Arena& a) { return stats_dict(a.stats(), a.plan_stats()); })
+      .def("reset_peak_stats", &Arena::reset_peak_stats)
+      .def("reset_accumulated_stats", &Arena::reset_accumulated_stats)
+      .def(
+          "snapshot", [](const Arena& a, int device) { return snapshot_list(a.snapshot(), device); },
+          py::arg("device") = 0)
+      .def("largest_free_block", &Arena::largest_free_block)
+      .def("block_size", [](const Arena& a, std::uintptr_t p) { return a.block_size(to_ptr(p)); })
+      .def("check_invariants", &Arena::check_invariants)
+      .def_property_readonly("rounding", &Arena::rounding)
+      .def_property_readonly("device", [](Arena& a) { return a.device().name(); });
+
+  m.def(
+      "plan",
+      [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
+         const std::vector<std::int64_t>& uppers, std::int64_t period, const FixedList& fixed,
+         double budget_seconds, std::uint64_t seed) {
+        planner::Problem p = problem_from(sizes, lowers, uppers, period, fixed);
+        planner::Options o;
+        o.budget_seconds = budget_seconds;
+        o.seed = seed;
+        planner::Result r;
+        {
+          py::gil_scoped_release nogil;
+          r = planner::plan(p, o);
+        }
+        return result_dict(r);
+      },
+      py::arg("sizes"), py::arg("lowers"), py::arg("uppers"), py::arg("period") = 0,
+      py::arg("fixed") = FixedList{}, py::arg("budget_seconds") = 1.0, py::arg("seed") = 0);
+  m.def(
+      "greedy_by_size",
+      [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
+         const std::vector<std::int64_t>& uppers, std::int64_t period, const FixedList& fixed) {
+        return result_dict(planner::greedy_by_size(problem_from(sizes, lowers, uppers, period, fixed)));
+      },
+      py::arg("sizes"), py::arg("lowers"), py::arg("uppers"), py::arg("period") = 0,
+      py::arg("fixed") = FixedList{});
+  m.def(
+      "load",
+      [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
+         const std::vector<std::int64_t>& uppers, std::int64_t period, const FixedList& fixed) {
+        return planner::load(problem_from(sizes, lowers, uppers, period, fixed));
+      },
+      py::arg("sizes"), py::arg("lowers"), py::arg("uppers"), py::arg("period") = 0,
+      py::arg("fixed") = FixedList{});
+  m.def(
+      "validate",
+      [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
+         const std::vector<std::int64_t>& uppers, const std::vector<std::uint64_t>& offsets,
+         std::int64_t period, const FixedList& fixed) {
+        return planner::validate(problem_from(sizes, lowers, uppers, period, fixed), offsets);
+      },
+      py::arg("sizes"), py::arg("lowers"), py::arg("uppers"), py::arg("offsets"),
+      py::arg("period") = 0, py::arg("fixed") = FixedList{});
+
+  m.def(
+      "install_cpu",
+      [](const py::kwargs& kw) { return install_cpu_allocator(config_from(kw)); },
+      "Install the arena as PyTorch's CPU allocator (once per process).");
+  m.def("cpu_arena", &cpu_arena, "The installed CPU arena, or None.");
+#ifdef TR_WITH_CUDA
+  bind_cuda(m);
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+}

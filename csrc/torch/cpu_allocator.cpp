@@ -1,0 +1,96 @@
+// cpu_allocator.cpp - see cpu_allocator.h.
+#include "torch/cpu_allocator.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <new>
+
+#include "core/host_device.h"
+
+namespace renaissance {
+namespace {
+
+// Process-lifetime storage: constructed on first use, never destroyed, so
+// that tensors freed during interpreter shutdown still find their arena.
+template <typename T>
+class NoDestructor {
+ public:
+  NoDestructor() { ::new (static_cast<void*>(storage_)) T(); }
+  T& get() { return *std::launder(reinterpret_cast<T*>(storage_)); }
+
+ private:
+  alignas(T) unsigned char storage_[sizeof(T)];
+};
+
+std::atomic<Arena*> g_arena{nullptr};
+
+void free_cpu(void* ptr) noexcept {
+  Arena* a = g_arena.load(std::memory_order_acquire);
+  if (!a || !ptr) return;
+  try {
+    a->deallocate(ptr);
+  } catch (const std::exception& e) {
+    // A deleter cannot throw; this only happens if memory was corrupted.
+    std::fprintf(stderr, "torch_renaissance: error freeing CPU memory: %s\n", e.what());
+  }
+}
+
+class CpuArenaAllocator final : public c10::Allocator {
+ public:
+  explicit CpuArenaAllocator(Arena& arena) : arena_(arena) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    void* p = nullptr;
+    try {
+      p = arena_.allocate(n, 0);
+    } catch (const OutOfMemoryError& e) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    }
+    return {p, p, &free_cpu, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_cpu; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  Arena& arena_;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::shared_ptr<Arena> arena;
+  std::unique_ptr<CpuArenaAllocator> allocator;
+};
+
+Registry& registry() {
+  static NoDestructor<Registry> r;
+  return r.get();
+}
+
+}  // namespace
+
+std::shared_ptr<Arena> install_cpu_allocator(const ArenaConfig& config) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  if (r.arena) return r.arena;
+  r.arena = std::make_shared<Arena>(std::make_shared<HostDevice>(), config);
+  r.allocator = std::make_unique<CpuArenaAllocator>(*r.arena);
+  g_arena.store(r.arena.get(), std::memory_order_release);
+  // Priority 1 wins over the default CPU allocator (registered at 0).
+  c10::SetCPUAllocator(r.allocator.get(), /*priority=*/1);
+  return r.arena;
+}
+
+std::shared_ptr<Arena> cpu_arena() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  return r.arena;
+}
+
+}  // namespace renaissance
