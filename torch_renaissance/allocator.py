@@ -1,0 +1,234 @@
+"""Installing torch_renaissance as PyTorch's allocator, and its configuration.
+
+Configuration comes from keyword arguments of :func:`install` and from the
+environment variable ``TORCH_RENAISSANCE_CONF`` in PyTorch's
+``PYTORCH_CUDA_ALLOC_CONF`` style: ``key:value,key:value``
+(e.g. ``TORCH_RENAISSANCE_CONF=max_reserved_mb:4096,stream_policy:wait``).
+Keyword arguments win over the environment.
+
+Keys (units in the name):
+
+=====================  =======  ================================================
+key                    default  meaning
+=====================  =======  ================================================
+max_reserved_mb        0        limit on reserved memory in MiB (0: none)
+max_reserved_bytes     0        the same in bytes (wins over max_reserved_mb)
+expandable_segments    True     one growable segment per stream for large blocks
+stream_policy          defer    ``defer`` (like PyTorch) or ``wait`` (stream-ordered)
+planning               True     record, plan and replay marked steps
+max_variants           8        variants (shape sets) kept, least recently used out
+plan_budget_ms         250      planner search budget per plan, in milliseconds
+=====================  =======  ================================================
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+import torch
+
+ENV_VAR = "TORCH_RENAISSANCE_CONF"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Parsed configuration of one installed arena (see the module docstring)."""
+
+    max_reserved_bytes: int = 0
+    expandable_segments: bool = True
+    stream_policy: str = "defer"
+    planning: bool = True
+    max_variants: int = 8
+    plan_budget_ms: int = 250
+
+    def arena_kwargs(self) -> dict:
+        """Keyword arguments for ``torch_renaissance._C.Arena`` / ``install_cpu``."""
+        return {
+            "max_reserved_bytes": self.max_reserved_bytes,
+            "expandable_segments": self.expandable_segments,
+            "stream_policy": self.stream_policy,
+            "planning": self.planning,
+            "max_variants": self.max_variants,
+            "plan_budget_seconds": self.plan_budget_ms / 1000.0,
+        }
+
+
+_BOOL = {"1": True, "true": True, "yes": True, "on": True,
+         "0": False, "false": False, "no": False, "off": False}
+
+
+def _convert(key: str, value: Any) -> Any:
+    """Converts one config value, raising ValueError naming the key."""
+    try:
+        if key in ("max_reserved_mb", "max_reserved_bytes", "max_variants", "plan_budget_ms"):
+            if isinstance(value, bool):
+                raise ValueError
+            number = int(value, 0) if isinstance(value, str) else int(value)
+            if number < 0 or (key == "max_variants" and number < 1):
+                raise ValueError
+            return number
+        if key in ("expandable_segments", "planning"):
+            if isinstance(value, bool):
+                return value
+            return _BOOL[str(value).strip().lower()]
+        if key == "stream_policy":
+            policy = str(value).strip().lower()
+            if policy not in ("defer", "wait"):
+                raise ValueError
+            return policy
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"torch_renaissance: bad value {value!r} for config key '{key}'") from None
+    raise ValueError(
+        f"torch_renaissance: unknown config key '{key}'; known keys: max_reserved_mb, "
+        "max_reserved_bytes, expandable_segments, stream_policy, planning, max_variants, "
+        "plan_budget_ms")
+
+
+def parse_conf(text: str) -> dict:
+    """Parses ``key:value,key:value`` (PyTorch's allocator-config style).
+
+    Args:
+        text: the string, e.g. ``"max_reserved_mb:4096,planning:False"``.
+
+    Returns:
+        dict of converted values, keyed by config key.
+
+    Raises:
+        ValueError: an entry without ``:``, an unknown key, or a bad value.
+    """
+    out: dict = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ":" not in part:
+            raise ValueError(f"torch_renaissance: config entry '{part}' is not key:value "
+                             f"(in {ENV_VAR}={text!r})")
+        key, value = (s.strip() for s in part.split(":", 1))
+        out[key] = _convert(key, value)
+    return out
+
+
+def make_config(**overrides: Any) -> Config:
+    """Builds a :class:`Config` from ``TORCH_RENAISSANCE_CONF`` and keyword overrides.
+
+    Raises:
+        ValueError: unknown key or bad value (the message names it).
+    """
+    values = parse_conf(os.environ.get(ENV_VAR, ""))
+    for key, value in overrides.items():
+        values[key] = _convert(key, value)
+    mb = values.pop("max_reserved_mb", None)
+    if "max_reserved_bytes" not in values and mb is not None:
+        values["max_reserved_bytes"] = mb << 20
+    names = {f.name for f in fields(Config)}
+    return Config(**{k: v for k, v in values.items() if k in names})
+
+
+_lock = threading.Lock()
+_installed: dict = {}  # device type or "cuda" -> (Config, arena or allocator handle)
+
+
+def _ext():
+    """The compiled extension; a clear ImportError when it was not built."""
+    try:
+        from torch_renaissance import _C
+    except ImportError as e:  # pragma: no cover - exercised only on broken installs
+        raise ImportError(
+            "torch_renaissance's compiled extension is missing: build it with "
+            "`pip install --no-build-isolation .` (or `make build`)") from e
+    return _C
+
+
+def _device_type(device: Any) -> str:
+    if isinstance(device, torch.device):
+        return device.type
+    return torch.device(device).type
+
+
+def install(device: Any = "cpu", **config: Any) -> None:
+    """Replaces PyTorch's allocator for ``device`` with a torch_renaissance arena.
+
+    Install before the first tensor of that device: tensors made earlier keep
+    freeing through their own allocator. Installing twice with the same
+    configuration is a no-op with a warning.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"`` or a ``torch.device`` of those types.
+        **config: configuration keys (see the module docstring); they override
+            ``TORCH_RENAISSANCE_CONF``.
+
+    Raises:
+        RuntimeError: already installed with a different configuration; or
+            ``"cuda"`` when the extension was built without CUDA, or after CUDA
+            memory was already allocated.
+        ValueError: an unknown configuration key or a bad value.
+
+    Source: ``c10::SetAllocator`` (c10/core/Allocator.h) for the CPU;
+    ``torch/csrc/cuda/CUDAPluggableAllocator.h`` for CUDA.
+    """
+    kind = _device_type(device)
+    cfg = make_config(**config)
+    with _lock:
+        if kind in _installed:
+            old = _installed[kind][0]
+            if old == cfg:
+                warnings.warn(f"torch_renaissance is already installed for '{kind}' with this "
+                              "configuration; install() did nothing", stacklevel=2)
+                return
+            raise RuntimeError(
+                f"torch_renaissance is already installed for '{kind}' with a different "
+                f"configuration ({_diff(old, cfg)}); the allocator of a process cannot be "
+                "changed once tensors may hold its memory")
+        if kind == "cpu":
+            arena = _ext().install_cpu(**cfg.arena_kwargs())
+            _installed[kind] = (cfg, arena)
+        elif kind == "cuda":
+            from torch_renaissance import cuda as _cuda
+
+            _installed[kind] = (cfg, _cuda.install(cfg))
+        else:
+            raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{kind}'")
+
+
+def _diff(old: Config, new: Config) -> str:
+    a, b = asdict(old), asdict(new)
+    return ", ".join(f"{k}: {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k])
+
+
+def is_installed(device: Any = "cpu") -> bool:
+    """True if torch_renaissance serves allocations of ``device``'s type."""
+    return _device_type(device) in _installed
+
+
+def installed_config(device: Any = "cpu") -> Optional[Config]:
+    """The configuration ``device``'s type was installed with, or None."""
+    entry = _installed.get(_device_type(device))
+    return entry[0] if entry else None
+
+
+def get_arena(device: Any = None):
+    """The arena serving ``device`` (a ``torch_renaissance._C.Arena``).
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. None
+            means CUDA's current device when CUDA is installed, else the CPU.
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for that device.
+    """
+    if device is None:
+        device = "cuda" if "cuda" in _installed else "cpu"
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dev.type not in _installed:
+        raise RuntimeError(f"torch_renaissance is not installed for '{dev.type}': call "
+                           f"torch_renaissance.install('{dev.type}') first")
+    if dev.type == "cpu":
+        return _installed["cpu"][1]
+    from torch_renaissance import cuda as _cuda
+
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return _cuda.arena(index)

@@ -1,0 +1,257 @@
+"""``torch-renaissance``: run a script on the planned arena, the demo, plan a trace.
+
+Subcommands (``torch-renaissance <cmd> --help`` for options):
+
+* ``run SCRIPT [ARGS...]`` runs an unchanged PyTorch script as ``python SCRIPT``
+  would, with the allocator installed before its first tensor and every
+  ``optimizer.step()`` as a step boundary; prints a memory report to stderr at
+  exit (``--report PATH`` also writes it as JSON).
+* ``demo`` trains the bundled GPT with PyTorch's default CPU allocator, the
+  dynamic pool only, and the planned arena (one process each) and prints the
+  numbers side by side.
+* ``plan TRACE`` plans a recorded trace (PyTorch snapshot pickle or
+  ``id,lower,upper,size`` CSV) and prints LOAD, greedy by size, our plan,
+  PyTorch's recorded peak reserved and the planning time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import subprocess
+import sys
+from typing import List, Optional
+
+
+def _mib(n: Optional[float]) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+# ---------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------
+
+def _print_report(rep: dict, out) -> None:
+    lines = [
+        "torch_renaissance memory report",
+        f"  device                 {rep['device']}",
+        f"  peak allocated         {_mib(rep['peak_allocated_bytes'])}",
+        f"  peak reserved          {_mib(rep['peak_reserved_bytes'])}",
+        f"  fragmentation          {100 * rep['fragmentation']:.1f}%  (1 - peak allocated / peak reserved)",
+        f"  allocations            {rep['allocations']}",
+        f"  out-of-memory errors   {rep['num_ooms']}",
+    ]
+    if rep["steps"]:
+        lines.append(f"  optimizer steps        {rep['steps']}  (mean {1000 * rep['mean_step_seconds']:.1f} ms)")
+        lines.append(f"  planned steps          {rep['planned_steps']}  (hits {rep['plan_hits']}, misses "
+                     f"{rep['plan_misses']}, conflicts {rep['plan_conflicts']})")
+        if rep["load_bytes"]:
+            lines.append(f"  LOAD (lower bound)     {_mib(rep['load_bytes'])}  (peak reserved / LOAD "
+                         f"{rep['peak_reserved_over_load']:.3f})")
+        lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  (last step)")
+    print("\n".join(lines), file=out, flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch_renaissance as tr
+
+    devices = ["cpu"]
+    if args.cuda:
+        devices.append("cuda")
+    for d in devices:
+        tr.install(d)
+    steps = tr.auto_steps(devices)
+    script = args.script
+    if not os.path.exists(script):
+        print(f"torch-renaissance run: no such script: {script}", file=sys.stderr)
+        return 2
+    sys.argv = [script] + list(args.args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # the script's own error: show it like python would
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        times = tr.stop_auto_steps() or steps.times
+        reports = [tr.stats.report(d, times) for d in devices]
+        for rep in reports:
+            _print_report(rep, sys.stderr)
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump(reports[0] if len(reports) == 1 else reports, f, indent=2)
+    return code
+
+
+# ---------------------------------------------------------------------------
+# demo
+# ---------------------------------------------------------------------------
+
+DEMO_MODES = (
+    ("default", "PyTorch default"),
+    ("dynamic", "renaissance dynamic"),
+    ("planned", "renaissance planned"),
+)
+
+
+def _demo_run(mode: str, args: argparse.Namespace, progress, task) -> dict:
+    cmd = [sys.executable, "-m", "torch_renaissance.examples.train_gpt", "--mode", mode,
+           "--steps", str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq),
+           "--seed", str(args.seed)]
+    env = dict(os.environ)
+    env.pop("TORCH_RENAISSANCE_CONF", None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    result = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("STEP "):
+            progress.advance(task)
+        elif line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT "):])
+    err = proc.stderr.read() if proc.stderr else ""
+    if proc.wait() != 0 or result is None:
+        raise RuntimeError(f"demo run '{mode}' failed (exit {proc.returncode}):\n{err}")
+    return result
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    console = Console(stderr=False)
+    results = {}
+    with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        for mode, title in DEMO_MODES:
+            task = progress.add_task(title, total=args.steps)
+            results[mode] = _demo_run(mode, args, progress, task)
+
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    rows = [
+        ("mean step time", lambda r: f"{1000 * r['mean_step_seconds']:.1f} ms"),
+        ("peak RSS", lambda r: _mib(r["peak_rss_bytes"])),
+        ("peak allocated", lambda r: _mib(r.get("peak_allocated_bytes"))),
+        ("peak reserved", lambda r: _mib(r.get("peak_reserved_bytes"))),
+        ("fragmentation", lambda r: pct(r.get("fragmentation"))),
+        ("peak reserved / LOAD", lambda r: "n/a" if not r.get("peak_reserved_over_load")
+         else f"{r['peak_reserved_over_load']:.3f}"),
+        ("address stability", lambda r: pct(r.get("address_stability")) if r["mode"] == "planned" else "n/a"),
+        ("plan hit rate", lambda r: pct(r.get("plan_hit_rate")) if r["mode"] == "planned" else "n/a"),
+        ("final loss", lambda r: f"{r['final_loss']:.6f}"),
+    ]
+    first = results["default"]
+    table = Table(title=f"GPT ({first['params'] / 1e6:.1f} M params), {args.steps} CPU training steps, "
+                        f"batch {args.batch} x {args.seq} tokens")
+    table.add_column("")
+    for _, title in DEMO_MODES:
+        table.add_column(title, justify="right")
+    for name, fn in rows:
+        table.add_row(name, *(fn(results[m]) for m, _ in DEMO_MODES))
+    console.print(table)
+    same = len({tuple(r["losses"]) for r in results.values()}) == 1
+    console.print(f"losses bit-identical across allocators: {'yes' if same else 'NO'}")
+    if args.json:
+        out = {m: {"mean_step_seconds": r["mean_step_seconds"], "peak_rss_bytes": r["peak_rss_bytes"],
+                   "peak_allocated_bytes": r.get("peak_allocated_bytes"),
+                   "peak_reserved_bytes": r.get("peak_reserved_bytes"),
+                   "fragmentation": r.get("fragmentation"),
+                   "peak_reserved_over_load": r.get("peak_reserved_over_load"),
+                   "address_stability": r.get("address_stability") if m == "planned" else None,
+                   "plan_hit_rate": r.get("plan_hit_rate") if m == "planned" else None,
+                   "final_loss": r["final_loss"], "losses": r["losses"]}
+               for m, r in results.items()}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0 if same else 1
+
+
+# ---------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from torch_renaissance import trace as trace_mod
+    from torch_renaissance.planner import plan_trace
+
+    try:
+        tr_ = trace_mod.load_trace(args.trace)
+    except (OSError, ValueError) as e:
+        print(f"torch-renaissance plan: {e}", file=sys.stderr)
+        return 2
+    res = plan_trace(tr_, budget_seconds=args.budget)
+    out = {
+        "buffers": len(tr_),
+        "load_bytes": res.load_bytes,
+        "greedy_bytes": res.greedy_bytes,
+        "plan_bytes": res.plan_bytes,
+        "pytorch_reserved_bytes": tr_.pytorch_reserved_peak,
+        "plan_seconds": res.seconds,
+    }
+    if args.png:
+        trace_mod.plot_plan(tr_, res.offsets, args.png, title=os.path.basename(args.trace))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+
+    def vs(n):
+        return "" if n is None or not res.load_bytes else f"  ({100 * (n / res.load_bytes - 1):+.2f}% vs LOAD)"
+
+    print(f"trace              {args.trace}")
+    print(f"buffers            {out['buffers']}")
+    print(f"LOAD               {_mib(res.load_bytes)}  ({res.load_bytes} bytes)")
+    print(f"greedy by size     {_mib(res.greedy_bytes)}{vs(res.greedy_bytes)}")
+    print(f"torch_renaissance  {_mib(res.plan_bytes)}{vs(res.plan_bytes)}  [{res.method}]")
+    print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
+    print(f"planning time      {res.seconds:.3f} s")
+    if args.png:
+        print(f"packing drawn to   {args.png}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torch-renaissance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run a PyTorch script on the planned arena")
+    r.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    r.add_argument("--cuda", action="store_true", help="also install the CUDA allocator")
+    r.add_argument("script")
+    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.set_defaults(fn=cmd_run)
+
+    d = sub.add_parser("demo", help="train the bundled GPT under three allocators")
+    d.add_argument("--steps", type=int, default=20)
+    d.add_argument("--batch", type=int, default=4)
+    d.add_argument("--seq", type=int, default=128)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    d.set_defaults(fn=cmd_demo)
+
+    q = sub.add_parser("plan", help="plan a recorded trace and compare")
+    q.add_argument("trace")
+    q.add_argument("--budget", type=float, default=1.0, help="search budget in seconds")
+    q.add_argument("--png", metavar="PATH", help="draw the packing (address x time)")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
+    q.set_defaults(fn=cmd_plan)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

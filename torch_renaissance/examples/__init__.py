@@ -1,0 +1,1 @@
+"""Bundled example models (real architectures, random init, synthetic data)."""

@@ -1,0 +1,70 @@
+"""Planning traces offline: LOAD, greedy by size, and torch_renaissance's plan.
+
+Thin Python face of ``csrc/core/planner.h`` (best fit by decreasing size as in
+TFLite's ``ArenaPlanner`` / XLA's ``GlobalDecreasingSizeBestFitHeap``, then a
+search within a time budget; see docs/design.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+from torch_renaissance.trace import Trace
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan of one trace. Sizes and offsets in bytes, times in seconds."""
+
+    offsets: List[int]        # one per trace entry, in entry order
+    plan_bytes: int           # highest end offset
+    load_bytes: int           # LOAD: no plan can be smaller
+    greedy_bytes: int         # best fit by decreasing size, for comparison
+    seconds: float            # wall time of the planner
+    method: str               # which strategy gave the returned offsets
+
+
+def _ext():
+    from torch_renaissance.allocator import _ext as ext
+
+    return ext()
+
+
+def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: float = 1.0,
+                   seed: int = 0) -> PlanResult:
+    """Plans buffers given as ``(size, lower, upper)`` (lifetime ``[lower, upper)``).
+
+    Raises:
+        ValueError: a malformed buffer (``upper <= lower``, negative values),
+            naming its index.
+    """
+    sizes = [s for s, _, _ in lifetimes]
+    lowers = [lo for _, lo, _ in lifetimes]
+    uppers = [up for _, _, up in lifetimes]
+    r = _ext().plan(sizes, lowers, uppers, budget_seconds=budget_seconds, seed=seed)
+    return PlanResult(list(r["offsets"]), r["size"], r["load"], r["greedy_size"],
+                      r["seconds"], r["method"])
+
+
+def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0) -> PlanResult:
+    """Plans every buffer of ``trace``.
+
+    Args:
+        trace: from :func:`torch_renaissance.trace.load_trace` or recorded.
+        budget_seconds: search budget; the search is deterministic for a given
+            trace and budget (it counts work, not time).
+        seed: seed of the randomized orderings.
+
+    Returns:
+        :class:`PlanResult`; ``offsets[i]`` belongs to ``trace.entries[i]``.
+    """
+    return plan_lifetimes(trace.lifetimes(), budget_seconds, seed)
+
+
+def validate(lifetimes: Sequence[Tuple[int, int, int]], offsets: Sequence[int]) -> Optional[str]:
+    """None if ``offsets`` never overlap two buffers live at once, else the first clash."""
+    sizes = [s for s, _, _ in lifetimes]
+    lowers = [lo for _, lo, _ in lifetimes]
+    uppers = [up for _, _, up in lifetimes]
+    msg = _ext().validate(sizes, lowers, uppers, list(offsets))
+    return msg or None

@@ -1,0 +1,209 @@
+"""Memory statistics under PyTorch's names, a summary table, and derived numbers.
+
+``memory_stats()`` returns exactly the keys of ``torch.cuda.memory_stats()``
+(``torch/cuda/memory.py``, ``torch/csrc/cuda/Module.cpp``: ``allocation``,
+``segment``, ``active``, ``inactive_split``, ``allocated_bytes``,
+``reserved_bytes``, ``active_bytes``, ``inactive_split_bytes``,
+``requested_bytes`` x ``all|small_pool|large_pool`` x
+``current|peak|allocated|freed``, ``num_*`` counters, ``max_split_size``,
+``oversize_*``) plus ``renaissance.*`` keys for what PyTorch has no name for.
+All sizes are bytes.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Optional
+
+from torch_renaissance.allocator import get_arena
+
+
+def _flatten(prefix: str, value: Any, out: list) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out.append((prefix, value))
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict:
+    """The statistics as PyTorch's nested dict (plus a ``renaissance`` sub-dict).
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for ``device``.
+    """
+    return get_arena(device).stats()
+
+
+def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
+    """Allocator statistics, flattened and sorted like ``torch.cuda.memory_stats``.
+
+    Besides PyTorch's keys, ``renaissance.*`` keys report the planned arena:
+    ``planned_hits`` / ``planned_misses`` / ``planned_conflicts`` (requests in
+    planned steps served at their planned offset / not matching the trace /
+    matching but blocked by a live block), ``plan_bytes`` (planned territory),
+    ``load_bytes`` (LOAD of the step plus the persistent bytes live at plan
+    time), ``plan_over_load`` (planned territory over the LOAD of the step's
+    buffers and the obstacles inside it), ``variants``, ``layouts``, ``address_stability``
+    (fraction of the last step's allocations at the same address as in the
+    step before), ``pending_bytes.*``, ``events_recorded``, ``event_queries``.
+
+    Args:
+        device: ``"cpu"``, ``"cuda[:N]"``, a ``torch.device`` or None (the
+            installed accelerator's current device, else the CPU).
+
+    Returns:
+        OrderedDict mapping statistic names to numbers (bytes for sizes).
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for ``device``.
+    """
+    nested = memory_stats_as_nested_dict(device)
+    r = nested["renaissance"]
+    requests = r["planned_requests"]
+    r["hit_rate"] = r["planned_hits"] / requests if requests else 0.0
+    comparable = r["last_step_comparable"]
+    r["address_stability"] = r["last_step_same_address"] / comparable if comparable else 0.0
+    bound = r["step_load_bytes"] + r["obstacle_bytes"]
+    r["plan_over_load"] = r["plan_bytes"] / bound if bound else 0.0
+    out: list = []
+    _flatten("", nested, out)
+    out.sort()
+    return OrderedDict(out)
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently held by tensors (``allocated_bytes.all.current``)."""
+    return memory_stats_as_nested_dict(device)["allocated_bytes"]["all"]["current"]
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since the start or the last peak reset."""
+    return memory_stats_as_nested_dict(device)["allocated_bytes"]["all"]["peak"]
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the arena holds from the device (``reserved_bytes.all.current``)."""
+    return memory_stats_as_nested_dict(device)["reserved_bytes"]["all"]["current"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` since the start or the last peak reset."""
+    return memory_stats_as_nested_dict(device)["reserved_bytes"]["all"]["peak"]
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Sets every peak to its current value; current values do not change."""
+    get_arena(device).reset_peak_stats()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Clears the ``allocated`` / ``freed`` totals and the ``num_*`` counters."""
+    get_arena(device).reset_accumulated_stats()
+
+
+def empty_cache(device: Any = None) -> None:
+    """Returns cached memory that no tensor holds to the device.
+
+    Planned territory is kept (it is what later steps replay into).
+    """
+    get_arena(device).empty_cache()
+
+
+def fragmentation(peak_allocated: int, peak_reserved: int) -> float:
+    """``1 - peak_allocated / peak_reserved`` (0 when nothing was reserved)."""
+    return 1.0 - peak_allocated / peak_reserved if peak_reserved else 0.0
+
+
+def _fmt(n: float) -> str:
+    n = int(n)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:7.2f} {unit}"
+    return f"{n:7d} B  "
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A table like ``torch.cuda.memory_summary()`` for torch_renaissance's arena.
+
+    Args:
+        device: as for :func:`memory_stats`.
+        abbreviated: only the ``all`` rows (no per-pool breakdown).
+
+    Returns:
+        The table as a string.
+    """
+    s = memory_stats(device)
+    width = 83
+    lines = ["=" * width,
+             f"|{' torch_renaissance memory summary, device ' + str(get_arena(device).device):<{width - 2}}|",
+             "|" + "-" * (width - 2) + "|",
+             f"|{'Metric':<33}| {'Cur Usage':>10} | {'Peak Usage':>10} | {'Tot Alloc':>10} | {'Tot Freed':>10} |",
+             "|" + "=" * (width - 2) + "|"]
+    rows = [("Allocated memory", "allocated_bytes", True),
+            ("Active memory", "active_bytes", True),
+            ("Requested memory", "requested_bytes", True),
+            ("Reserved memory", "reserved_bytes", True),
+            ("Non-releasable memory", "inactive_split_bytes", True),
+            ("Allocations", "allocation", False),
+            ("Active allocs", "active", False),
+            ("Reserved segments", "segment", False),
+            ("Non-releasable allocs", "inactive_split", False)]
+    pools = ["all"] if abbreviated else ["all", "large_pool", "small_pool"]
+    for title, key, is_bytes in rows:
+        for pool in pools:
+            vals = [s[f"{key}.{pool}.{m}"] for m in ("current", "peak", "allocated", "freed")]
+            name = title if pool == "all" else f"      from {pool.replace('_', ' ')}"
+            cells = [(_fmt(v) if is_bytes else f"{v:>10d}") for v in vals]
+            lines.append(f"|{name:<33}| " + " | ".join(f"{c:>10}" for c in cells) + " |")
+        lines.append("|" + "-" * (width - 2) + "|")
+    planned = [
+        ("Planned steps", f"{s['renaissance.planned_steps']} of {s['renaissance.steps']}"),
+        ("Plan hits / misses / conflicts",
+         f"{s['renaissance.planned_hits']} / {s['renaissance.planned_misses']} / "
+         f"{s['renaissance.planned_conflicts']}"),
+        ("Planned territory", _fmt(s["renaissance.plan_bytes"]).strip()),
+        ("LOAD (step + persistent)", _fmt(s["renaissance.load_bytes"]).strip()),
+        ("Variants / layouts", f"{s['renaissance.variants']} / {s['renaissance.layouts']}"),
+        ("Address stability (last step)", f"{100 * s['renaissance.address_stability']:.1f}%"),
+        ("Pending stream-use bytes", _fmt(s["renaissance.pending_bytes.current"]).strip()),
+        ("Events recorded / queried",
+         f"{s['renaissance.events_recorded']} / {s['renaissance.event_queries']}"),
+        ("OOMs / alloc retries", f"{s['num_ooms']} / {s['num_alloc_retries']}"),
+    ]
+    for name, value in planned:
+        lines.append(f"|{name:<33}| {value:<{width - 38}} |")
+    lines.append("=" * width)
+    return "\n".join(lines) + "\n"
+
+
+def report(device: Any = None, step_times: Optional[list] = None) -> dict:
+    """The numbers ``torch-renaissance run`` prints, as a dict (bytes, seconds).
+
+    Args:
+        device: as for :func:`memory_stats`.
+        step_times: seconds between consecutive optimizer steps, if seen.
+    """
+    s = memory_stats(device)
+    peak_alloc = s["allocated_bytes.all.peak"]
+    peak_res = s["reserved_bytes.all.peak"]
+    times = list(step_times or [])
+    return {
+        "device": str(get_arena(device).device),
+        "peak_allocated_bytes": peak_alloc,
+        "peak_reserved_bytes": peak_res,
+        "fragmentation": fragmentation(peak_alloc, peak_res),
+        "allocations": s["allocation.all.allocated"],
+        "num_ooms": s["num_ooms"],
+        "steps": len(times),
+        "mean_step_seconds": (sum(times) / len(times)) if times else None,
+        "planned_steps": s["renaissance.planned_steps"],
+        "plan_hits": s["renaissance.planned_hits"],
+        "plan_misses": s["renaissance.planned_misses"],
+        "plan_conflicts": s["renaissance.planned_conflicts"],
+        "plan_hit_rate": s["renaissance.hit_rate"],
+        "load_bytes": s["renaissance.load_bytes"],
+        "peak_reserved_over_load": (peak_res / s["renaissance.load_bytes"]
+                                    if s["renaissance.load_bytes"] else None),
+        "address_stability": s["renaissance.address_stability"],
+        "variants": s["renaissance.variants"],
+    }

@@ -1,0 +1,138 @@
+"""Step boundaries: record -> plan -> replay.
+
+A *step* is one repetition of a training or inference loop. The arena records
+every step's allocations; at the end of the second step whose allocation
+sizes it has not seen before, it plans them (``csrc/core/step_planner.cpp``)
+and later steps replay at the planned offsets. Mark steps with:
+
+* ``with torch_renaissance.step():`` around one iteration;
+* ``@torch_renaissance.planned`` on a function that runs one iteration;
+* :func:`auto_steps` (what ``torch-renaissance run`` does): every
+  ``optimizer.step()`` ends a step and starts the next, through PyTorch's
+  global optimizer step post hook (``torch.optim.optimizer``).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from typing import Any, Callable, Iterator, List, Optional, TypeVar
+
+import torch
+
+from torch_renaissance.allocator import get_arena
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def step(device: Any = None) -> Iterator[None]:
+    """Marks one step of a loop on ``device``'s arena.
+
+    Args:
+        device: as for :func:`torch_renaissance.memory_stats`.
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for ``device``, or
+            steps are nested, or automatic steps are on for that arena.
+    """
+    arena = get_arena(device)
+    if arena.in_step:
+        raise RuntimeError("torch_renaissance.step(): a step is already open on this arena "
+                           "(steps do not nest; with `torch-renaissance run`, optimizer steps "
+                           "already mark them)")
+    arena.begin_step()
+    try:
+        yield
+    finally:
+        arena.end_step()
+
+
+def planned(fn: Optional[F] = None, *, device: Any = None):
+    """Decorator: every call of ``fn`` is one planned step.
+
+    Usable as ``@planned`` or ``@planned(device="cuda")``. The first two calls
+    are recorded (served by the dynamic pool); from the third call on, the
+    allocations replay at planned, stable addresses.
+    """
+    def wrap(f: F) -> F:
+        @functools.wraps(f)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with step(device):
+                return f(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap(fn) if fn is not None else wrap
+
+
+class _AutoSteps:
+    """Optimizer-step boundaries for every installed arena (one per device type)."""
+
+    def __init__(self, devices: List[Any]) -> None:
+        self.arenas = [get_arena(d) for d in devices]
+        self.times: List[float] = []
+        self._last = time.perf_counter()
+        self._handle = None
+
+    def start(self) -> None:
+        for a in self.arenas:
+            if not a.in_step:
+                a.begin_step()
+        self._last = time.perf_counter()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handle = register_optimizer_step_post_hook(self._boundary)
+
+    def _boundary(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        now = time.perf_counter()
+        self.times.append(now - self._last)
+        self._last = now
+        for a in self.arenas:
+            a.end_step()
+            a.begin_step()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        for a in self.arenas:
+            if a.in_step:
+                a.end_step()
+
+
+_auto: Optional[_AutoSteps] = None
+
+
+def auto_steps(devices: Optional[List[Any]] = None) -> _AutoSteps:
+    """Makes every ``optimizer.step()`` a step boundary (idempotent).
+
+    Args:
+        devices: the installed devices whose arenas get the boundaries
+            (default: every installed device type).
+
+    Returns:
+        The handle; ``handle.times`` holds seconds between optimizer steps.
+    """
+    global _auto
+    if _auto is None:
+        from torch_renaissance import allocator
+
+        if devices is None:
+            devices = [d for d in ("cpu", "cuda") if allocator.is_installed(d)]
+        _auto = _AutoSteps(devices)
+        _auto.start()
+    return _auto
+
+
+def stop_auto_steps() -> Optional[List[float]]:
+    """Stops automatic boundaries; returns the measured step times (seconds)."""
+    global _auto
+    if _auto is None:
+        return None
+    _auto.stop()
+    times, _auto = _auto.times, None
+    return times
