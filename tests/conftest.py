@@ -1,0 +1,53 @@
+"""Shared fixtures: the reference data folder and a fresh HostDevice arena."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def data_dir() -> pathlib.Path:
+    """``../shared/data`` next to the repository, or ``$TORCH_RENAISSANCE_DATA``."""
+    env = os.environ.get("TORCH_RENAISSANCE_DATA")
+    return pathlib.Path(env) if env else REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> pathlib.Path:
+    d = data_dir()
+    if not (d / "traces").is_dir():
+        pytest.skip(f"reference traces not found at {d}")
+    return d / "traces"
+
+
+@pytest.fixture
+def C():
+    from torch_renaissance import _C
+
+    return _C
+
+
+@pytest.fixture
+def arena(C):
+    return C.Arena(C.HostDevice())
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    """The environment for child processes: no allocator config, the repo importable."""
+    env = dict(os.environ)
+    env.pop("TORCH_RENAISSANCE_CONF", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
+
+
+def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs ``python -c code`` in a fresh process (allocator installs are per process)."""
+    full_env = clean_env(env)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=str(REPO))
