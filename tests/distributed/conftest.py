@@ -1,0 +1,42 @@
+"""Fixtures for the distributed tests: pools of gloo ranks on CPU, started once per session."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import torch.distributed as dist  # noqa: E402
+
+from ._harness import close_pools, get_pool  # noqa: E402
+
+needs_gloo = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()),
+    reason="torch.distributed with gloo is not available",
+)
+
+
+@pytest.fixture(scope="session")
+def _pools():
+    yield get_pool
+    close_pools()
+
+
+@pytest.fixture
+def world2(_pools):
+    """A pool of 2 gloo ranks: ``world2.run(fn, *args)`` -> results by rank."""
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    return _pools(2)
+
+
+@pytest.fixture
+def world4(_pools):
+    """A pool of 4 gloo ranks: ``world4.run(fn, *args)`` -> results by rank."""
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    return _pools(4)
