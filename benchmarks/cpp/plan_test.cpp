@@ -1,0 +1,402 @@
+// plan_test.cpp - randomized tests of the static memory planner.
+//
+// Build and run (from the repository root):
+//   g++ -O2 -std=c++17 -Icsrc benchmarks/cpp/plan_test.cpp csrc/core/planner*.cpp -o /tmp/plan_test
+//   /tmp/plan_test [iterations]
+//
+// Checks, on random instances (linear and cyclic time, fixed obstacles,
+// zero sizes, aligned sizes):
+//   * every plan from plan() and greedy_by_size() validates, matches an
+//     independent brute-force overlap check, reports its size correctly and
+//     keeps alignment;
+//   * validate() agrees with the brute-force check on random (mostly
+//     invalid) plans, and rejects hand-made invalid ones;
+//   * load() equals a brute-force per-tick sum;
+//   * the same input and budget give identical plans;
+//   * the canonical search finds the optimum of tiny instances (found by
+//     brute force over all orders) and proves one byte less infeasible;
+//   * malformed problems throw std::invalid_argument naming the buffer.
+// Exits with status 1 on the first failure.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/planner.h"
+#include "core/planner_instance.h"
+#include "core/planner_search.h"
+
+namespace {
+
+namespace pl = renaissance::planner;
+using pl::Buffer;
+using pl::FixedBuffer;
+using pl::Problem;
+
+int g_checks = 0;
+
+#define CHECK(cond, ...)                                              \
+  do {                                                                \
+    ++g_checks;                                                       \
+    if (!(cond)) {                                                    \
+      std::fprintf(stderr, "FAIL %s:%d: %s\n  ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                              \
+      std::fprintf(stderr, "\n");                                     \
+      std::exit(1);                                                   \
+    }                                                                 \
+  } while (0)
+
+// Live ticks of a lifetime, with cyclic wrap-around.
+std::vector<std::int64_t> ticks_of(std::int64_t lower, std::int64_t upper, std::int64_t period) {
+  std::vector<std::int64_t> t;
+  for (std::int64_t x = lower; x < upper; ++x) t.push_back(period > 0 ? x % period : x);
+  return t;
+}
+
+bool share_tick(const std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b) {
+  for (std::int64_t x : a) {
+    if (std::find(b.begin(), b.end(), x) != b.end()) return true;
+  }
+  return false;
+}
+
+// Independent validity check: pairwise, tick by tick.
+bool brute_valid(const Problem& p, const std::vector<std::uint64_t>& off) {
+  const std::size_t n = p.buffers.size();
+  std::vector<std::vector<std::int64_t>> t(n + p.fixed.size());
+  for (std::size_t i = 0; i < n; ++i) t[i] = ticks_of(p.buffers[i].lower, p.buffers[i].upper, p.period);
+  for (std::size_t j = 0; j < p.fixed.size(); ++j) {
+    t[n + j] = ticks_of(p.fixed[j].lower, p.fixed[j].upper, p.period);
+  }
+  auto overlap = [](std::uint64_t a, std::uint64_t as, std::uint64_t b, std::uint64_t bs) {
+    return as > 0 && bs > 0 && a < b + bs && b < a + as;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t k = i + 1; k < n; ++k) {
+      if (overlap(off[i], p.buffers[i].size, off[k], p.buffers[k].size) && share_tick(t[i], t[k])) {
+        return false;
+      }
+    }
+    for (std::size_t j = 0; j < p.fixed.size(); ++j) {
+      if (overlap(off[i], p.buffers[i].size, p.fixed[j].offset, p.fixed[j].size) &&
+          share_tick(t[i], t[n + j])) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+std::uint64_t brute_load(const Problem& p) {
+  std::int64_t horizon = p.period;
+  for (const Buffer& b : p.buffers) horizon = std::max(horizon, b.upper);
+  for (const FixedBuffer& f : p.fixed) horizon = std::max(horizon, f.upper);
+  std::vector<std::uint64_t> live(static_cast<std::size_t>(horizon) + 1, 0);
+  for (const Buffer& b : p.buffers) {
+    for (std::int64_t x : ticks_of(b.lower, b.upper, p.period)) live[x] += b.size;
+  }
+  for (const FixedBuffer& f : p.fixed) {
+    for (std::int64_t x : ticks_of(f.lower, f.upper, p.period)) live[x] += f.size;
+  }
+  return *std::max_element(live.begin(), live.end());
+}
+
+std::uint64_t plan_size(const Problem& p, const std::vector<std::uint64_t>& off) {
+  std::uint64_t s = 0;
+  for (std::size_t i = 0; i < p.buffers.size(); ++i) s = std::max(s, off[i] + p.buffers[i].size);
+  for (const FixedBuffer& f : p.fixed) s = std::max(s, f.offset + f.size);
+  return s;
+}
+
+struct Gen {
+  std::mt19937_64 rng;
+  explicit Gen(std::uint64_t seed) : rng(seed) {}
+  std::int64_t uni(std::int64_t lo, std::int64_t hi) {  // [lo, hi]
+    return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
+  }
+
+  // A random well-formed problem. align > 0 makes every size and fixed
+  // offset a multiple of it.
+  Problem problem(int n, std::int64_t horizon, bool cyclic, int fixed, std::uint64_t align) {
+    Problem p;
+    p.period = cyclic ? horizon : 0;
+    auto lifetime = [&](std::int64_t& lower, std::int64_t& upper) {
+      lower = uni(0, horizon - 1);
+      const std::int64_t max_len = cyclic ? horizon : horizon - lower;
+      upper = lower + uni(1, std::max<std::int64_t>(1, uni(0, 3) == 0 ? max_len : std::min<std::int64_t>(max_len, 4)));
+    };
+    auto size = [&]() -> std::uint64_t {
+      if (uni(0, 15) == 0) return 0;
+      const std::uint64_t s = static_cast<std::uint64_t>(uni(1, uni(0, 3) == 0 ? 64 : 8));
+      return align > 0 ? s * align : s;
+    };
+    for (int i = 0; i < n; ++i) {
+      Buffer b;
+      lifetime(b.lower, b.upper);
+      b.size = size();
+      p.buffers.push_back(b);
+    }
+    for (int j = 0; j < fixed; ++j) {
+      FixedBuffer f;
+      lifetime(f.lower, f.upper);
+      f.size = size();
+      // Disjoint bands, so fixed obstacles never overlap one another.
+      f.offset = (70 * static_cast<std::uint64_t>(j) + static_cast<std::uint64_t>(uni(0, 5))) *
+                 (align > 0 ? align : 1);
+      p.fixed.push_back(f);
+    }
+    return p;
+  }
+};
+
+void check_plan(const Problem& p, const pl::Result& r, std::uint64_t align, const char* what) {
+  CHECK(r.offsets.size() == p.buffers.size(), "%s: offsets size", what);
+  const std::string err = pl::validate(p, r.offsets);
+  CHECK(err.empty(), "%s: validate: %s", what, err.c_str());
+  CHECK(brute_valid(p, r.offsets), "%s: brute-force check disagrees", what);
+  CHECK(r.size == plan_size(p, r.offsets), "%s: size %llu vs %llu", what,
+        static_cast<unsigned long long>(r.size),
+        static_cast<unsigned long long>(plan_size(p, r.offsets)));
+  CHECK(r.size >= r.load, "%s: size below LOAD", what);
+  CHECK(r.load == pl::load(p), "%s: load mismatch", what);
+  CHECK(r.size <= r.greedy_size, "%s: worse than greedy", what);
+  for (std::size_t i = 0; i < p.buffers.size(); ++i) {
+    if (p.buffers[i].size == 0) CHECK(r.offsets[i] == 0, "%s: zero-size buffer offset", what);
+    if (align > 0) CHECK(r.offsets[i] % align == 0, "%s: unaligned offset", what);
+  }
+  CHECK(!r.method.empty(), "%s: empty method", what);
+}
+
+void test_random_plans(int iterations) {
+  Gen g(1);
+  for (int it = 0; it < iterations; ++it) {
+    const bool cyclic = it % 3 == 1;
+    const int fixed = it % 4 == 2 ? static_cast<int>(g.uni(1, 4)) : 0;
+    const std::uint64_t align = it % 5 == 0 ? 64 : 0;
+    const int n = static_cast<int>(g.uni(0, it % 10 == 0 ? 300 : 40));
+    const Problem p = g.problem(n, g.uni(1, 30), cyclic, fixed, align);
+    CHECK(pl::load(p) == brute_load(p), "load vs brute force (iteration %d)", it);
+    const pl::Result greedy = pl::greedy_by_size(p);
+    check_plan(p, greedy, align, "greedy_by_size");
+    CHECK(greedy.greedy_size == greedy.size, "greedy_size of the baseline");
+    pl::Options o;
+    o.budget_seconds = it % 2 == 0 ? 0.0 : 0.01;
+    o.seed = static_cast<std::uint64_t>(it);
+    const pl::Result r = pl::plan(p, o);
+    check_plan(p, r, align, "plan");
+    CHECK(r.greedy_size == greedy.size, "plan's greedy_size differs from greedy_by_size");
+  }
+}
+
+void test_validate_agrees(int iterations) {
+  Gen g(2);
+  int valid = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const Problem p = g.problem(static_cast<int>(g.uni(1, 8)), g.uni(1, 12), it % 2 == 1,
+                                it % 3 == 0 ? 1 : 0, 0);
+    std::vector<std::uint64_t> off(p.buffers.size());
+    for (std::uint64_t& o : off) o = static_cast<std::uint64_t>(g.uni(0, 30));
+    const bool ok = pl::validate(p, off).empty();
+    valid += ok;
+    CHECK(ok == brute_valid(p, off), "validate disagrees with brute force (iteration %d)", it);
+  }
+  CHECK(valid > 0 && valid < iterations, "random plans should be a mix (%d valid)", valid);
+}
+
+void test_validate_rejects() {
+  Problem p;
+  p.buffers = {{8, 0, 4}, {8, 2, 6}, {8, 4, 8}};
+  // 0 and 1 overlap in time ([0,4) and [2,6)); 0 and 2 touch only.
+  CHECK(pl::validate(p, {0, 8, 0}).empty(), "valid plan rejected");
+  const std::string e = pl::validate(p, {0, 4, 0});
+  CHECK(!e.empty() && e.find("buffer 0") != std::string::npos &&
+            e.find("buffer 1") != std::string::npos,
+        "overlap not named: %s", e.c_str());
+  CHECK(!pl::validate(p, {0, 8}).empty(), "wrong offset count accepted");
+  // A fixed obstacle.
+  p.fixed = {{12, 8, 1, 3}};  // [12, 20) over [1, 3): hits buffer 1 at 8
+  CHECK(!pl::validate(p, {0, 8, 0}).empty(), "fixed collision accepted");
+  CHECK(pl::validate(p, {0, 24, 0}).empty(), "fixed avoided but rejected");
+  // Cyclic wrap: [8, 12) in period 10 covers ticks 8, 9, 0, 1.
+  Problem c;
+  c.period = 10;
+  c.buffers = {{4, 8, 12}, {4, 0, 1}, {4, 2, 8}};
+  CHECK(!pl::validate(c, {0, 0, 8}).empty(), "wrap-around collision accepted");
+  CHECK(pl::validate(c, {0, 4, 0}).empty(), "valid cyclic plan rejected");
+  // Zero-size buffers never collide.
+  Problem z;
+  z.buffers = {{0, 0, 5}, {8, 0, 5}};
+  CHECK(pl::validate(z, {3, 0}).empty(), "zero-size collision reported");
+  // Overflowing end.
+  CHECK(!pl::validate(z, {0, std::numeric_limits<std::uint64_t>::max() - 3}).empty(),
+        "overflowing offset accepted");
+}
+
+void expect_throw(const Problem& p, const std::string& needle, const char* what) {
+  bool thrown = false;
+  std::string msg;
+  try {
+    pl::plan(p);
+  } catch (const std::invalid_argument& e) {
+    thrown = true;
+    msg = e.what();
+  }
+  CHECK(thrown, "%s: no std::invalid_argument", what);
+  CHECK(msg.find(needle) != std::string::npos, "%s: message '%s' lacks '%s'", what, msg.c_str(),
+        needle.c_str());
+  bool load_threw = false;
+  try {
+    pl::load(p);
+  } catch (const std::invalid_argument&) {
+    load_threw = true;
+  }
+  CHECK(load_threw, "%s: load() did not throw", what);
+}
+
+void test_malformed() {
+  Problem p;
+  p.buffers = {{1, 0, 2}, {1, 3, 3}};
+  expect_throw(p, "buffer 1", "upper == lower");
+  p.buffers = {{1, 0, 2}, {1, 0, 1}, {1, -1, 2}};
+  expect_throw(p, "buffer 2", "negative time");
+  p.period = 10;
+  p.buffers = {{1, 0, 2}, {1, 10, 12}};
+  expect_throw(p, "buffer 1", "lower == period");
+  p.buffers = {{1, 5, 16}};
+  expect_throw(p, "buffer 0", "longer than period");
+  p.period = -1;
+  p.buffers = {{1, 0, 1}};
+  expect_throw(p, "period", "negative period");
+  p.period = 0;
+  p.buffers = {{1, 0, 1}, {std::numeric_limits<std::uint64_t>::max(), 0, 1}};
+  expect_throw(p, "buffer 1", "size overflow");
+  p.buffers = {{1, 0, 1}};
+  p.fixed = {{std::numeric_limits<std::uint64_t>::max(), 2, 0, 1}};
+  expect_throw(p, "fixed buffer 0", "fixed end overflow");
+  p.fixed = {{0, 1, 3, 2}};
+  expect_throw(p, "fixed buffer 0", "bad fixed lifetime");
+  bool thrown = false;
+  try {
+    pl::Options o;
+    o.budget_seconds = -1;
+    pl::plan(Problem{}, o);
+  } catch (const std::invalid_argument&) {
+    thrown = true;
+  }
+  CHECK(thrown, "negative budget accepted");
+}
+
+void test_edges() {
+  const pl::Result empty = pl::plan(Problem{});
+  CHECK(empty.size == 0 && empty.load == 0 && empty.offsets.empty(), "empty problem");
+  Problem z;
+  z.buffers = {{0, 0, 3}, {0, 1, 2}};
+  const pl::Result rz = pl::plan(z);
+  CHECK(rz.size == 0 && rz.offsets == std::vector<std::uint64_t>({0, 0}), "zero sizes");
+  Problem f;
+  f.fixed = {{100, 28, 0, 5}};
+  f.buffers = {{64, 1, 3}};
+  const pl::Result rf = pl::plan(f);
+  CHECK(rf.size == 128 && rf.offsets[0] == 0, "fixed obstacle only: size %llu offset %llu",
+        static_cast<unsigned long long>(rf.size), static_cast<unsigned long long>(rf.offsets[0]));
+  // A full-cycle lifetime (upper == lower + period) is live at every tick.
+  Problem c;
+  c.period = 4;
+  c.buffers = {{8, 2, 6}, {8, 0, 1}, {8, 3, 4}};
+  CHECK(pl::load(c) == 16, "full-cycle load");
+  check_plan(c, pl::plan(c), 0, "full cycle");
+}
+
+void test_determinism() {
+  Gen g(3);
+  for (int it = 0; it < 6; ++it) {
+    const Problem p = g.problem(it < 3 ? 120 : 1500, 200, it % 2 == 1, it == 4 ? 3 : 0, 0);
+    pl::Options o;
+    o.budget_seconds = 0.05;
+    o.seed = 7;
+    const pl::Result a = pl::plan(p, o);
+    const pl::Result b = pl::plan(p, o);
+    CHECK(a.offsets == b.offsets && a.size == b.size && a.method == b.method,
+          "non-deterministic plan (iteration %d): %s vs %s", it, a.method.c_str(),
+          b.method.c_str());
+    check_plan(p, a, 0, "determinism");
+  }
+}
+
+// The canonical search is exact: on tiny instances it finds the optimum
+// (brute force over all placement orders, each buffer at the top of the
+// earlier ones it overlaps) and proves one byte less infeasible.
+void test_search_exact(int iterations) {
+  namespace d = renaissance::planner::detail;
+  Gen g(4);
+  for (int it = 0; it < iterations; ++it) {
+    const Problem p = g.problem(static_cast<int>(g.uni(2, 7)), g.uni(2, 10), it % 3 == 0, 0, 0);
+    const d::Instance inst(p);
+    if (inst.num_free < 2) continue;
+    std::vector<std::size_t> perm;
+    for (std::size_t i = 0; i < p.buffers.size(); ++i) {
+      if (p.buffers[i].size > 0) perm.push_back(i);
+    }
+    std::vector<std::vector<std::int64_t>> t(p.buffers.size());
+    for (std::size_t i = 0; i < p.buffers.size(); ++i) {
+      t[i] = ticks_of(p.buffers[i].lower, p.buffers[i].upper, p.period);
+    }
+    std::uint64_t best = std::numeric_limits<std::uint64_t>::max();
+    do {
+      std::vector<std::uint64_t> off(p.buffers.size(), 0);
+      std::uint64_t h = 0;
+      for (std::size_t k = 0; k < perm.size(); ++k) {
+        std::uint64_t o = 0;
+        for (std::size_t j = 0; j < k; ++j) {
+          if (share_tick(t[perm[k]], t[perm[j]])) o = std::max(o, off[perm[j]] + p.buffers[perm[j]].size);
+        }
+        off[perm[k]] = o;
+        h = std::max(h, o + p.buffers[perm[k]].size);
+      }
+      best = std::min(best, h);
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    d::CanonicalSearch search(inst);
+    std::vector<std::uint32_t> order(inst.num_free);
+    std::iota(order.begin(), order.end(), 0u);
+    std::shuffle(order.begin(), order.end(), g.rng);
+    d::Work work(std::numeric_limits<std::uint64_t>::max(), 60);
+    std::vector<std::uint64_t> offs(inst.num_items, d::kUnplaced);
+    CHECK(search.solve(best, order, std::numeric_limits<std::uint64_t>::max(), work, offs) ==
+              d::CanonicalSearch::Status::kFound,
+          "search misses the optimum %llu (iteration %d)", static_cast<unsigned long long>(best), it);
+    std::vector<std::uint64_t> full(p.buffers.size(), 0);
+    for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
+    CHECK(pl::validate(p, full).empty() && plan_size(p, full) <= best, "search plan invalid");
+    CHECK(search.solve(best - 1, order, std::numeric_limits<std::uint64_t>::max(), work, offs) ==
+              d::CanonicalSearch::Status::kInfeasible,
+          "search beats the optimum (iteration %d)", it);
+    // plan() with a budget reaches the optimum on such tiny instances.
+    pl::Options o;
+    o.budget_seconds = 0.05;
+    const pl::Result r = pl::plan(p, o);
+    CHECK(r.size == best, "plan %llu vs optimum %llu (iteration %d)",
+          static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(best), it);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iterations = argc > 1 ? std::atoi(argv[1]) : 400;
+  test_validate_rejects();
+  test_malformed();
+  test_edges();
+  test_validate_agrees(iterations * 5);
+  test_random_plans(iterations);
+  test_search_exact(iterations);
+  test_determinism();
+  std::printf("plan_test: %d checks passed\n", g_checks);
+  return 0;
+}

@@ -1,0 +1,125 @@
+// planner_greedy.h - constructive placement: best fit / first fit in a
+// given order, orderings, and the work budget shared by all strategies.
+//
+// Invariants kept here:
+//   * Placement never moves an already placed item and never creates a
+//     collision: each new offset is the start of a free gap among the placed
+//     items overlapping it in time (fixed obstacles included), or the top of
+//     them, so it is 0, a fixed end or a sum of sizes on top of those.
+//   * Everything is deterministic: ties break by item index, and the work
+//     counter (not the clock) decides when a search stops; the wall clock is
+//     only a safety cap.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/planner_instance.h"
+
+namespace renaissance::planner::detail {
+
+// Deterministic work budget with a wall-clock safety cap.
+class Work {
+ public:
+  Work(std::uint64_t limit, double cap_seconds)
+      : limit_(limit),
+        deadline_(std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(cap_seconds))) {}
+  void add(std::uint64_t units) { used_ += units; }
+  std::uint64_t used() const { return used_; }
+  std::uint64_t limit() const { return limit_; }
+  std::uint64_t left() const { return used_ >= limit_ ? 0 : limit_ - used_; }
+  // True once the work count is spent, or (rarely: safety cap) the deadline.
+  bool out() {
+    if (used_ >= limit_) return true;
+    if (++polls_ % 64 == 0 && std::chrono::steady_clock::now() > deadline_) {
+      limit_ = used_;  // sticky
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  std::uint64_t used_ = 0;
+  std::uint64_t limit_;
+  std::uint64_t polls_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+enum class Fit { kBest, kFirst };
+
+struct Span {
+  std::uint64_t off, end;
+};
+
+// Segment tree over ticks. Node v keeps two merged (disjoint, sorted) lists
+// of memory ranges: own_[v], the ranges of pieces whose canonical cover
+// includes v, and sub_[v], the union of own_ over v's subtree. The ranges
+// used by items overlapping [lo, hi) are then the union of own_ on the
+// boundary paths and sub_ on the canonical nodes of [lo, hi): O(log T) lists,
+// each already merged, so a query costs about the number of holes, not the
+// number of overlapping items.
+class OccupancyTree {
+ public:
+  explicit OccupancyTree(std::int32_t ticks);
+  void clear();
+  void insert(std::int32_t lo, std::int32_t hi, Span s);
+  // Appends the lists holding the ranges used over [lo, hi): each list is
+  // sorted and merged; ranges in different lists may overlap.
+  using List = std::pair<const Span*, const Span*>;
+  void collect(std::int32_t lo, std::int32_t hi, std::vector<List>& out) const;
+
+ private:
+  void insert(std::uint32_t v, std::int32_t l, std::int32_t r, std::int32_t lo,
+              std::int32_t hi, Span s);
+  void collect(std::uint32_t v, std::int32_t l, std::int32_t r, std::int32_t lo,
+               std::int32_t hi, std::vector<List>& out) const;
+  static void add(std::vector<Span>& list, Span s);
+
+  std::int32_t ticks_;
+  std::vector<std::vector<Span>> own_, sub_;
+  std::vector<std::uint32_t> dirty_;
+};
+
+class Placer {
+ public:
+  explicit Placer(const Instance& inst);
+
+  // Resets the tree to the items placed in `offsets` (fixed obstacles and
+  // any free item already placed).
+  void reset(const std::vector<std::uint64_t>& offsets);
+
+  // Best (or first) fitting offset for `item` among the placed items.
+  std::uint64_t find_offset(std::uint32_t item, Fit fit, Work& work);
+  void commit(std::uint32_t item, std::uint64_t offset);
+
+  // Places `order` one by one on top of `offsets` (reset() first); returns
+  // the plan height (max end of all placed items, fixed included).
+  std::uint64_t place(const std::vector<std::uint32_t>& order,
+                      std::vector<std::uint64_t>& offsets, Fit fit, Work& work);
+
+ private:
+  const Instance& inst_;
+  OccupancyTree tree_;
+  std::vector<OccupancyTree::List> lists_;
+};
+
+// Offsets vector with fixed obstacles in place and free items unplaced.
+std::vector<std::uint64_t> initial_offsets(const Instance& inst);
+std::uint64_t height(const Instance& inst, const std::vector<std::uint64_t>& offsets);
+
+// Static orderings of the free items.
+enum class Order {
+  kSize,      // size desc, then start asc, duration desc (the baseline)
+  kArea,      // size x length desc
+  kLength,    // length desc, then size desc
+  kStart,     // start asc, then size desc
+  kPressure,  // max LOAD profile over lifetime desc, then size desc
+  kPressureArea,  // pressure desc, then area desc
+};
+std::vector<std::uint32_t> make_order(const Instance& inst, Order order);
+
+}  // namespace renaissance::planner::detail

@@ -1,0 +1,209 @@
+// planner_instance.cpp - validation, time compression and the LOAD profile.
+//
+// Invariants kept here (see planner_instance.h): a Problem is either rejected
+// with std::invalid_argument naming the first bad entry, or normalized into
+// pieces over compressed ticks that overlap exactly when the original
+// lifetimes do; size sums are checked against 64-bit overflow.
+#include "core/planner_instance.h"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace renaissance::planner::detail {
+namespace {
+
+[[noreturn]] void bad(const char* what, std::size_t index, const std::string& why) {
+  throw std::invalid_argument(std::string("planner: ") + what + " " +
+                              std::to_string(index) + ": " + why);
+}
+
+}  // namespace
+
+int split_lifetime(std::int64_t lower, std::int64_t upper, std::int64_t period,
+                   const char* what, std::size_t index, std::int64_t lo[2],
+                   std::int64_t hi[2]) {
+  if (lower < 0) {
+    bad(what, index, "negative lower time " + std::to_string(lower));
+  }
+  if (upper <= lower) {
+    bad(what, index,
+        "upper (" + std::to_string(upper) + ") must be greater than lower (" +
+            std::to_string(lower) + ")");
+  }
+  if (period == 0) {
+    lo[0] = lower;
+    hi[0] = upper;
+    return 1;
+  }
+  if (lower >= period) {
+    bad(what, index,
+        "lower " + std::to_string(lower) + " not below period " +
+            std::to_string(period));
+  }
+  if (upper - lower > period) {
+    bad(what, index,
+        "lifetime [" + std::to_string(lower) + ", " + std::to_string(upper) +
+            ") longer than period " + std::to_string(period));
+  }
+  if (upper <= period) {
+    lo[0] = lower;
+    hi[0] = upper;
+    return 1;
+  }
+  if (upper - lower == period) {  // the whole cycle
+    lo[0] = 0;
+    hi[0] = period;
+    return 1;
+  }
+  lo[0] = lower;
+  hi[0] = period;
+  lo[1] = 0;
+  hi[1] = upper - period;
+  return 2;
+}
+
+namespace {
+
+std::uint64_t add_checked(std::uint64_t a, std::uint64_t b, const char* what,
+                          std::size_t index) {
+  if (a > std::numeric_limits<std::uint64_t>::max() - b) {
+    bad(what, index, "sizes overflow 64 bits when summed");
+  }
+  return a + b;
+}
+
+}  // namespace
+
+void check_period(const Problem& problem) {
+  if (problem.period < 0) {
+    throw std::invalid_argument("planner: negative period " +
+                                std::to_string(problem.period));
+  }
+  if (problem.buffers.size() + problem.fixed.size() >=
+      static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max() / 4)) {
+    throw std::invalid_argument("planner: too many buffers");
+  }
+}
+
+std::uint64_t check_sizes(const Problem& problem) {
+  std::uint64_t fixed_top = 0;
+  for (std::size_t i = 0; i < problem.fixed.size(); ++i) {
+    const FixedBuffer& f = problem.fixed[i];
+    fixed_top = std::max(fixed_top, add_checked(f.offset, f.size, "fixed buffer", i));
+  }
+  std::uint64_t sum = fixed_top;
+  for (std::size_t i = 0; i < problem.buffers.size(); ++i) {
+    sum = add_checked(sum, problem.buffers[i].size, "buffer", i);
+  }
+  // LOAD also sums fixed sizes; it never exceeds sum(buffer sizes) + sum(fixed
+  // sizes), so check that too.
+  for (std::size_t i = 0; i < problem.fixed.size(); ++i) {
+    sum = add_checked(sum, problem.fixed[i].size, "fixed buffer", i);
+  }
+  return fixed_top;
+}
+
+std::int64_t Instance::length(std::uint32_t item) const {
+  std::int64_t n = 0;
+  for (std::uint32_t k = piece_begin[item]; k < piece_begin[item + 1]; ++k) {
+    n += pieces[k].hi - pieces[k].lo;
+  }
+  return n;
+}
+
+bool Instance::overlaps(std::uint32_t a, std::uint32_t b) const {
+  for (std::uint32_t i = piece_begin[a]; i < piece_begin[a + 1]; ++i) {
+    for (std::uint32_t j = piece_begin[b]; j < piece_begin[b + 1]; ++j) {
+      if (pieces[i].lo < pieces[j].hi && pieces[j].lo < pieces[i].hi) return true;
+    }
+  }
+  return false;
+}
+
+Instance::Instance(const Problem& problem) {
+  check_period(problem);
+  fixed_top = check_sizes(problem);
+  const std::int64_t period = problem.period;
+
+  // Raw parts in original time, item by item.
+  struct Raw {
+    std::int64_t lo, hi;
+    std::uint32_t item;
+  };
+  std::vector<Raw> raw;
+  raw.reserve(problem.buffers.size() + problem.fixed.size());
+  std::int64_t lo[2], hi[2];
+  std::uint32_t item = 0;
+  for (std::size_t i = 0; i < problem.buffers.size(); ++i) {
+    const Buffer& b = problem.buffers[i];
+    const int parts = split_lifetime(b.lower, b.upper, period, "buffer", i, lo, hi);
+    if (b.size == 0) continue;
+    for (int k = 0; k < parts; ++k) raw.push_back({lo[k], hi[k], item});
+    size.push_back(b.size);
+    start.push_back(b.lower);
+    duration.push_back(b.upper - b.lower);
+    buffer_of.push_back(static_cast<std::uint32_t>(i));
+    total_size += b.size;
+    ++item;
+  }
+  num_free = item;
+  for (std::size_t i = 0; i < problem.fixed.size(); ++i) {
+    const FixedBuffer& f = problem.fixed[i];
+    const int parts =
+        split_lifetime(f.lower, f.upper, period, "fixed buffer", i, lo, hi);
+    if (f.size == 0) continue;
+    for (int k = 0; k < parts; ++k) raw.push_back({lo[k], hi[k], item});
+    size.push_back(f.size);
+    start.push_back(f.lower);
+    duration.push_back(f.upper - f.lower);
+    fixed_offset.push_back(f.offset);
+    ++item;
+  }
+  num_items = item;
+
+  // Compress time: tick j is [times[j], times[j+1]).
+  std::vector<std::int64_t> times;
+  times.reserve(raw.size() * 2);
+  for (const Raw& r : raw) {
+    times.push_back(r.lo);
+    times.push_back(r.hi);
+  }
+  std::sort(times.begin(), times.end());
+  times.erase(std::unique(times.begin(), times.end()), times.end());
+  ticks = times.empty() ? 0 : static_cast<std::int32_t>(times.size() - 1);
+  auto tick_of = [&](std::int64_t t) {
+    return static_cast<std::int32_t>(
+        std::lower_bound(times.begin(), times.end(), t) - times.begin());
+  };
+
+  piece_begin.assign(num_items + 1, 0);
+  pieces.reserve(raw.size());
+  for (const Raw& r : raw) {
+    pieces.push_back({tick_of(r.lo), tick_of(r.hi), r.item});
+    ++piece_begin[r.item + 1];
+  }
+  for (std::uint32_t i = 0; i < num_items; ++i) {
+    piece_begin[i + 1] += piece_begin[i];
+    if (piece_begin[i + 1] - piece_begin[i] > 1) multi_piece = true;
+  }
+
+  // Live profile and LOAD.
+  live.assign(static_cast<std::size_t>(ticks) + 1, 0);
+  std::vector<std::uint64_t> ends(static_cast<std::size_t>(ticks) + 1, 0);
+  for (const Piece& p : pieces) {
+    live[p.lo] += size[p.item];
+    ends[p.hi] += size[p.item];
+  }
+  std::uint64_t cur = 0;
+  load = 0;
+  for (std::int32_t t = 0; t < ticks; ++t) {
+    cur = cur + live[t] - ends[t];
+    live[t] = cur;
+    load = std::max(load, cur);
+  }
+  live.resize(static_cast<std::size_t>(ticks));
+}
+
+}  // namespace renaissance::planner::detail

@@ -1,0 +1,78 @@
+// planner_instance.h - the planner's normalized, internal view of a Problem.
+//
+// Invariants kept here:
+//   * An Instance is only ever built from a well-formed Problem: the
+//     constructor throws std::invalid_argument naming the first bad buffer
+//     (or fixed buffer) and builds nothing otherwise.
+//   * Every item has 1 or 2 pieces, each a non-empty half-open range of
+//     compressed ticks [lo, hi) with 0 <= lo < hi <= ticks. Two items overlap
+//     in time exactly when the original lifetimes overlap (cyclic lifetimes
+//     that wrap are split into their two parts, so this holds for them too).
+//   * Items [0, num_free) are the buffers to place (zero-size buffers are left
+//     out: they never collide and get offset 0); items [num_free, num_items)
+//     are the fixed obstacles with non-zero size, at fixed_offset.
+//   * Sums of sizes and fixed ends fit in 64 bits (checked at construction),
+//     so no offset computed by the planner from them can overflow.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/planner.h"
+
+namespace renaissance::planner::detail {
+
+constexpr std::uint64_t kUnplaced = ~std::uint64_t{0};
+
+// Checks one lifetime (throws std::invalid_argument naming `what` `index`)
+// and writes its 1 or 2 parts, in original time, to lo[] / hi[]; returns the
+// number of parts. A cyclic lifetime with upper > period wraps around.
+int split_lifetime(std::int64_t lower, std::int64_t upper, std::int64_t period,
+                   const char* what, std::size_t index, std::int64_t lo[2],
+                   std::int64_t hi[2]);
+// Checks the period and the entry count.
+void check_period(const Problem& problem);
+// Checks that sizes and fixed ends sum within 64 bits; returns the max fixed
+// end.
+std::uint64_t check_sizes(const Problem& problem);
+
+struct Piece {
+  std::int32_t lo = 0;
+  std::int32_t hi = 0;
+  std::uint32_t item = 0;
+};
+
+class Instance {
+ public:
+  explicit Instance(const Problem& problem);
+
+  std::uint32_t num_free = 0;   // placeable items
+  std::uint32_t num_items = 0;  // placeable + fixed
+  std::int32_t ticks = 0;       // number of elementary time intervals
+  bool multi_piece = false;     // some item has two pieces (cyclic wrap)
+
+  std::vector<std::uint64_t> size;          // per item
+  std::vector<std::uint32_t> piece_begin;   // per item, plus one sentinel
+  std::vector<Piece> pieces;                // grouped by item
+  std::vector<std::uint32_t> buffer_of;     // free item -> Problem buffer index
+  std::vector<std::uint64_t> fixed_offset;  // per fixed item (item - num_free)
+  std::vector<std::int64_t> start;          // per item: lower, original time
+  std::vector<std::int64_t> duration;       // per item: upper - lower
+
+  std::vector<std::uint64_t> live;  // per tick: sum of sizes live (all items)
+  std::uint64_t load = 0;           // max of live
+  std::uint64_t fixed_top = 0;      // max end of a fixed obstacle
+  std::uint64_t total_size = 0;     // sum of free item sizes
+
+  std::uint32_t piece_count(std::uint32_t item) const {
+    return piece_begin[item + 1] - piece_begin[item];
+  }
+  const Piece& piece(std::uint32_t item, std::uint32_t k) const {
+    return pieces[piece_begin[item] + k];
+  }
+  // Total length in ticks of an item's pieces.
+  std::int64_t length(std::uint32_t item) const;
+  bool overlaps(std::uint32_t a, std::uint32_t b) const;
+};
+
+}  // namespace renaissance::planner::detail

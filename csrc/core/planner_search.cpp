@@ -1,0 +1,445 @@
+// planner_search.cpp - canonical branch and bound (see planner_search.h).
+//
+// Invariants kept here: min_off_[i] is the lowest offset an unplaced item i
+// can take (above every placed item overlapping it, clear of obstacles);
+// floor_[t] never exceeds the lowest offset any unplaced item live at tick t
+// can take; total_[t] is the sum of sizes of unplaced items live at t. Every
+// change to min_off_ and floor_ is recorded on trail_ and undone in reverse.
+#include "core/planner_search.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace renaissance::planner::detail {
+
+CanonicalSearch::CanonicalSearch(const Instance& inst)
+    : inst_(inst), n_(inst.num_free), ticks_(inst.ticks) {
+  overlaps_.resize(n_);
+  obstacles_.resize(n_);
+  section_items_.resize(static_cast<std::size_t>(ticks_));
+  section_obstacles_.resize(static_cast<std::size_t>(ticks_));
+  // Sweep over pieces by start: every piece still active when another starts
+  // overlaps it.
+  std::vector<Piece> by_lo = inst.pieces;
+  std::sort(by_lo.begin(), by_lo.end(), [](const Piece& a, const Piece& b) {
+    if (a.lo != b.lo) return a.lo < b.lo;
+    return a.item < b.item;
+  });
+  std::vector<Piece> active;
+  for (const Piece& p : by_lo) {
+    std::size_t w = 0;
+    for (std::size_t i = 0; i < active.size(); ++i) {
+      if (active[i].hi > p.lo) active[w++] = active[i];
+    }
+    active.resize(w);
+    for (const Piece& q : active) {
+      const bool pf = p.item < n_, qf = q.item < n_;
+      if (pf && qf) {
+        overlaps_[p.item].push_back(q.item);
+        overlaps_[q.item].push_back(p.item);
+      } else if (pf && !qf) {
+        obstacles_[p.item].push_back(
+            {inst.fixed_offset[q.item - n_], inst.fixed_offset[q.item - n_] + inst.size[q.item]});
+      } else if (!pf && qf) {
+        obstacles_[q.item].push_back(
+            {inst.fixed_offset[p.item - n_], inst.fixed_offset[p.item - n_] + inst.size[p.item]});
+      }
+    }
+    active.push_back(p);
+  }
+  auto by_off = [](const Span& a, const Span& b) {
+    return a.off != b.off ? a.off < b.off : a.end < b.end;
+  };
+  for (std::uint32_t i = 0; i < n_; ++i) {
+    std::vector<std::uint32_t>& o = overlaps_[i];
+    std::sort(o.begin(), o.end());
+    o.erase(std::unique(o.begin(), o.end()), o.end());
+    std::vector<Span>& ob = obstacles_[i];
+    std::sort(ob.begin(), ob.end(), by_off);
+    ob.erase(std::unique(ob.begin(), ob.end(),
+                         [](const Span& a, const Span& b) {
+                           return a.off == b.off && a.end == b.end;
+                         }),
+             ob.end());
+    if (!ob.empty()) any_obstacle_ = true;
+  }
+  for (const Piece& p : inst.pieces) {
+    for (std::int32_t t = p.lo; t < p.hi; ++t) {
+      if (p.item < n_) {
+        section_items_[t].push_back(p.item);
+      } else {
+        const std::uint64_t o = inst.fixed_offset[p.item - n_];
+        section_obstacles_[t].push_back({o, o + inst.size[p.item]});
+      }
+    }
+  }
+  rank_.assign(n_, 0);
+  off_.assign(n_, kUnplaced);
+  min_off_.assign(n_, 0);
+  floor_.assign(static_cast<std::size_t>(ticks_), 0);
+  total_.assign(static_cast<std::size_t>(ticks_), 0);
+  const std::size_t depth = 2 * static_cast<std::size_t>(n_) + 4;
+  levels_.resize(depth);
+  parts_.resize(depth);
+  done_.resize(depth);
+  points_.resize(depth);
+  decompose_ = !inst.multi_piece;
+  cuts_.assign(static_cast<std::size_t>(ticks_), 0);
+  stamp_.assign(static_cast<std::size_t>(ticks_), 0);
+}
+
+std::uint64_t CanonicalSearch::bump(std::uint32_t item, std::uint64_t off) const {
+  const std::uint64_t size = inst_.size[item];
+  for (const Span& ob : obstacles_[item]) {
+    if (ob.end <= off) continue;
+    if (ob.off >= off + size) break;
+    off = ob.end;
+  }
+  return off;
+}
+
+std::uint64_t CanonicalSearch::obstacle_bytes(std::int32_t tick, std::uint64_t from) const {
+  std::uint64_t bytes = 0;
+  for (const Span& ob : section_obstacles_[tick]) {
+    const std::uint64_t a = std::max(ob.off, from);
+    const std::uint64_t b = std::min(ob.end, capacity_);
+    if (b > a) bytes += b - a;
+  }
+  return bytes;
+}
+
+bool CanonicalSearch::check(const std::vector<Cand>& cur, std::uint64_t off,
+                            std::int32_t lo, std::int32_t hi) {
+  // Unallocated floor: the lowest offset any unplaced item live at t can
+  // take. `cur` is sorted by offset, so the first item covering t gives it.
+  if (++stamp_now_ == 0) {
+    std::fill(stamp_.begin(), stamp_.end(), 0);
+    stamp_now_ = 1;
+  }
+  std::int32_t open = 0;
+  for (std::int32_t t = lo; t < hi; ++t) open += total_[t] > 0;
+  std::uint64_t visited = 0;
+  for (const Cand& c : cur) {
+    if (open == 0) break;
+    for (std::uint32_t k = inst_.piece_begin[c.item]; k < inst_.piece_begin[c.item + 1]; ++k) {
+      const Piece& p = inst_.pieces[k];
+      visited += static_cast<std::uint64_t>(p.hi - p.lo);
+      for (std::int32_t t = p.lo; t < p.hi; ++t) {
+        if (stamp_[t] == stamp_now_) continue;
+        stamp_[t] = stamp_now_;
+        --open;
+        const std::uint64_t f = std::max({floor_[t], off, c.off});
+        if (f > capacity_ || total_[t] > capacity_ - f) return false;
+        if (any_obstacle_ && total_[t] + obstacle_bytes(t, f) > capacity_ - f) return false;
+      }
+    }
+  }
+  charge(visited);
+  return true;
+}
+
+CanonicalSearch::Status CanonicalSearch::solve(
+    std::uint64_t capacity, const std::vector<std::uint32_t>& preorder,
+    std::uint64_t node_limit, Work& work, std::vector<std::uint64_t>& offsets) {
+  capacity_ = capacity;
+  node_limit_ = node_limit;
+  nodes_ = 0;
+  work_ = &work;
+  for (std::uint32_t r = 0; r < preorder.size(); ++r) rank_[preorder[r]] = r;
+  std::fill(off_.begin(), off_.end(), kUnplaced);
+  std::fill(total_.begin(), total_.end(), 0);
+  for (std::uint32_t i = 0; i < n_; ++i) min_off_[i] = bump(i, 0);
+  for (std::int32_t t = 0; t < ticks_; ++t) {
+    std::uint64_t m = kUnplaced;
+    for (std::uint32_t i : section_items_[t]) {
+      total_[t] += inst_.size[i];
+      m = std::min(m, min_off_[i]);
+    }
+    floor_[t] = m == kUnplaced ? 0 : m;
+  }
+  trail_.clear();
+  work.add(static_cast<std::uint64_t>(ticks_) + n_);
+  std::vector<Cand>& all = levels_[0];
+  all.clear();
+  for (std::uint32_t i = 0; i < n_; ++i) all.push_back({min_off_[i], rank_[i], i});
+  Status status;
+  if (decompose_) {
+    std::fill(cuts_.begin(), cuts_.end(), 0);
+    for (std::uint32_t i = 0; i < n_; ++i) {
+      const Piece& p = inst_.pieces[inst_.piece_begin[i]];
+      for (std::int32_t t = p.lo; t + 1 < p.hi; ++t) ++cuts_[t];
+    }
+    std::vector<std::int32_t>& points = points_[0];
+    points.clear();
+    for (std::int32_t t = 0; t + 1 < ticks_; ++t) {
+      if (cuts_[t] == 0) points.push_back(t + 1);
+    }
+    status = solve_parts(1, all, points, 0, ticks_);
+  } else {
+    status = dfs(1, all, 0, 0, 0, ticks_);
+  }
+  if (status == Status::kFound) {
+    for (std::uint32_t i = 0; i < n_; ++i) offsets[i] = off_[i];
+  }
+  return status;
+}
+
+CanonicalSearch::Status CanonicalSearch::solve_parts(std::uint32_t depth,
+                                                     const std::vector<Cand>& items,
+                                                     std::vector<std::int32_t>& points,
+                                                     std::int32_t lo, std::int32_t hi) {
+  std::sort(points.begin(), points.end());
+  std::vector<Cand>& part = parts_[depth];
+  std::vector<std::uint32_t>& done = done_[depth];
+  done.clear();
+  std::size_t next_point = 0;
+  std::int32_t a = lo;
+  Status status = Status::kFound;
+  while (a < hi) {
+    while (next_point < points.size() && points[next_point] <= a) ++next_point;
+    const std::int32_t b = next_point < points.size() ? points[next_point] : hi;
+    part.clear();
+    for (const Cand& c : items) {
+      if (off_[c.item] != kUnplaced) continue;
+      const Piece& p = inst_.pieces[inst_.piece_begin[c.item]];
+      if (p.lo < b && a < p.hi) part.push_back(c);
+    }
+    charge(items.size());
+    if (!part.empty()) {
+      status = dfs(depth, part, 0, 0, a, b);
+      if (status != Status::kFound) break;
+      for (const Cand& c : part) done.push_back(c.item);
+    }
+    a = b;
+  }
+  if (status != Status::kFound) {
+    for (std::uint32_t i : done) off_[i] = kUnplaced;
+  }
+  return status;
+}
+
+CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vector<Cand>& parent,
+                                             std::uint64_t last_off, std::uint32_t last_rank,
+                                             std::int32_t lo, std::int32_t hi) {
+  if (nodes_ >= node_limit_ || work_->out()) return Status::kAborted;
+  ++nodes_;
+  std::vector<Cand>& cur = levels_[depth];
+  cur.clear();
+  // The parent's list is sorted; only the items whose minimum offset rose
+  // since need sorting again, then one merge.
+  auto before = [](const Cand& a, const Cand& b) {
+    return a.off != b.off ? a.off < b.off : a.rank < b.rank;
+  };
+  if (!std::is_sorted(parent.begin(), parent.end(), before)) {
+    for (const Cand& c : parent) {
+      if (off_[c.item] == kUnplaced) cur.push_back({min_off_[c.item], c.rank, c.item});
+    }
+    std::sort(cur.begin(), cur.end(), before);
+  } else {
+    kept_.clear();
+    raised_.clear();
+    for (const Cand& c : parent) {
+      if (off_[c.item] != kUnplaced) continue;
+      const std::uint64_t m = min_off_[c.item];
+      if (m == c.off) {
+        kept_.push_back(c);
+      } else {
+        raised_.push_back({m, c.rank, c.item});
+      }
+    }
+    std::sort(raised_.begin(), raised_.end(), before);
+    cur.resize(kept_.size() + raised_.size());
+    std::merge(kept_.begin(), kept_.end(), raised_.begin(), raised_.end(), cur.begin(), before);
+  }
+  if (cur.empty()) return Status::kFound;  // off_ holds the solution
+  std::uint64_t min_height = kUnplaced;
+  for (const Cand& c : cur) min_height = std::min(min_height, c.off + inst_.size[c.item]);
+  charge(8 + 2 * cur.size() + static_cast<std::uint64_t>(hi - lo));
+  if (!check(cur, last_off, lo, hi)) return Status::kInfeasible;
+
+  for (std::size_t ci = 0; ci < cur.size(); ++ci) {
+    const Cand c = cur[ci];
+    if (c.off >= min_height) break;  // dominance (cur is sorted by offset)
+    if (c.off < last_off || (c.off == last_off && c.rank < last_rank)) continue;
+    const std::uint64_t size = inst_.size[c.item];
+    const std::uint64_t top = c.off + size;
+    if (top > capacity_) continue;
+
+    off_[c.item] = c.off;
+    const std::size_t mark = trail_.size();
+    bool hatless = true;
+    for (std::uint32_t j : overlaps_[c.item]) {
+      if (off_[j] != kUnplaced) continue;
+      hatless = false;
+      if (min_off_[j] >= top) continue;
+      trail_.push_back({0, j, min_off_[j]});
+      min_off_[j] = obstacles_[j].empty() ? top : bump(j, top);
+    }
+    std::vector<std::int32_t>& points = points_[depth];
+    points.clear();
+    for (std::uint32_t k = inst_.piece_begin[c.item]; k < inst_.piece_begin[c.item + 1]; ++k) {
+      const Piece& p = inst_.pieces[k];
+      for (std::int32_t t = p.lo; t < p.hi; ++t) {
+        if (floor_[t] < top) {
+          trail_.push_back({1, static_cast<std::uint32_t>(t), floor_[t]});
+          floor_[t] = top;
+        }
+        total_[t] -= size;
+        if (decompose_ && t + 1 < p.hi && --cuts_[t] == 0) points.push_back(t + 1);
+      }
+    }
+    charge(overlaps_[c.item].size() + static_cast<std::uint64_t>(inst_.length(c.item)));
+
+    const Status status = points.empty() ? dfs(depth + 1, cur, c.off, c.rank, lo, hi)
+                                         : solve_parts(depth + 1, cur, points, lo, hi);
+
+    for (std::uint32_t k = inst_.piece_begin[c.item]; k < inst_.piece_begin[c.item + 1]; ++k) {
+      const Piece& p = inst_.pieces[k];
+      for (std::int32_t t = p.lo; t < p.hi; ++t) {
+        total_[t] += size;
+        if (decompose_ && t + 1 < p.hi) ++cuts_[t];
+      }
+    }
+    while (trail_.size() > mark) {
+      const Change& ch = trail_.back();
+      if (ch.kind == 0) {
+        min_off_[ch.index] = ch.old;
+      } else {
+        floor_[ch.index] = ch.old;
+      }
+      trail_.pop_back();
+    }
+    if (status == Status::kFound) {
+      // Keep the solution: undo only the bookkeeping, not the offsets.
+      return status;
+    }
+    off_[c.item] = kUnplaced;
+    if (status == Status::kAborted) return status;
+    if (hatless) break;
+  }
+  return Status::kInfeasible;
+}
+
+namespace {
+
+// SplitMix64: small, seedable, the same everywhere.
+std::uint64_t mix(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// Pre-order by a key string over W (duration), A (area), T (max LOAD profile
+// over the lifetime), Z (size); all descending, ties by item index. With a
+// noise level, each key is scaled by a seeded factor in [1 - noise, 1].
+std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std::uint64_t>& total,
+                                    const char* keys, double noise, std::uint64_t& rng) {
+  const std::uint32_t n = inst.num_free;
+  std::vector<double> w(n), a(n), t(n), z(n);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    auto jitter = [&]() {
+      return noise > 0 ? 1.0 - noise * static_cast<double>(mix(rng) >> 11) * 0x1.0p-53 : 1.0;
+    };
+    w[i] = static_cast<double>(inst.duration[i]) * jitter();
+    z[i] = static_cast<double>(inst.size[i]) * jitter();
+    a[i] = static_cast<double>(inst.duration[i]) * static_cast<double>(inst.size[i]) * jitter();
+    t[i] = static_cast<double>(total[i]) * jitter();
+  }
+  std::vector<std::uint32_t> ids(n);
+  for (std::uint32_t i = 0; i < n; ++i) ids[i] = i;
+  const std::string k(keys);
+  std::sort(ids.begin(), ids.end(), [&](std::uint32_t x, std::uint32_t y) {
+    for (char c : k) {
+      const std::vector<double>& v = c == 'W' ? w : c == 'A' ? a : c == 'T' ? t : z;
+      if (v[x] != v[y]) return v[x] > v[y];
+    }
+    return x < y;
+  });
+  return ids;
+}
+
+void search_small(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed,
+                  Work& work, std::uint64_t& height, std::vector<std::uint64_t>& offsets,
+                  std::string& method) {
+  const std::uint32_t n = inst.num_free;
+  if (n == 0 || height <= lower_bound) return;
+  CanonicalSearch search(inst);
+  std::vector<std::uint64_t> total(n, 0);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+      const Piece& p = inst.pieces[k];
+      for (std::int32_t t = p.lo; t < p.hi; ++t) total[i] = std::max(total[i], inst.live[t]);
+    }
+  }
+  work.add(static_cast<std::uint64_t>(inst.pieces.size()) * 4 + n);
+  std::uint64_t rng = seed ^ 0x5eed5eed5eedull;
+  static constexpr const char* kKeys[] = {"WAT", "TAW", "TWA", "ZWA", "AWT"};
+  std::vector<std::vector<std::uint32_t>> fixed_orders;
+  for (const char* keys : kKeys) fixed_orders.push_back(preorder(inst, total, keys, 0.0, rng));
+  // Two attempts per order and round: the lower bound itself (where the
+  // section bounds prune hardest), and one ladder step below the best
+  // height (small, likely improvements). Node limits double every round.
+  std::vector<std::uint64_t> offs;
+  std::uint64_t lb = lower_bound;
+  const long double step = 0.005L;
+  auto next_target = [&]() {
+    // The highest lb * (1 + k * step) strictly below `height`.
+    const long double ratio = static_cast<long double>(height - 1) / static_cast<long double>(lb);
+    const auto k = static_cast<std::uint64_t>(std::floor((ratio - 1.0L) / step));
+    return std::min<std::uint64_t>(
+        height - 1,
+        std::max(lb, static_cast<std::uint64_t>(static_cast<long double>(lb) * (1.0L + k * step))));
+  };
+  // Returns true when the search should stop.
+  auto attempt = [&](std::uint64_t cap, const std::vector<std::uint32_t>& order,
+                     std::uint64_t limit, bool& found) {
+    found = false;
+    offs = initial_offsets(inst);
+    const CanonicalSearch::Status status = search.solve(cap, order, limit, work, offs);
+    if (status == CanonicalSearch::Status::kFound) {
+      found = true;
+      const std::uint64_t h = std::max(detail::height(inst, offs), inst.fixed_top);
+      if (h < height) {
+        height = h;
+        offsets = offs;
+        method = "canonical_search";
+      }
+    } else if (status == CanonicalSearch::Status::kInfeasible) {
+      lb = std::max(lb, cap + 1);
+    }
+    return work.out() || height <= lb;
+  };
+  // Restarts: search times are heavy-tailed, so many short runs over fresh,
+  // seeded perturbations of the pre-orders beat a few long ones. The node
+  // limit cycles through n * 2^0 .. n * 2^kSpan, and the fixed pre-orders
+  // are tried at every limit.
+  constexpr std::uint32_t kSpan = 6;
+  std::vector<std::uint32_t> order;
+  for (std::uint64_t round = 0;; ++round) {
+    const std::uint64_t limit = std::max<std::uint64_t>(64, n) << (round % (kSpan + 1));
+    const std::size_t count = fixed_orders.size() + 6;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (k < fixed_orders.size()) {
+        order = fixed_orders[k];
+      } else {
+        const double noise = 0.1 + 0.1 * static_cast<double>(mix(rng) % 5);
+        order = preorder(inst, total, kKeys[mix(rng) % 3], noise, rng);
+      }
+      bool found = false;
+      // The exact attempt at the lower bound, for one order in two.
+      if (k % 2 == 0 && attempt(lb, order, limit, found)) return;
+      // Descend while this order keeps finding lower plans.
+      for (;;) {
+        const std::uint64_t cap = next_target();
+        if (cap <= lb) break;
+        if (attempt(cap, order, limit, found)) return;
+        if (!found) break;
+      }
+    }
+  }
+}
+
+}  // namespace renaissance::planner::detail
