@@ -207,3 +207,46 @@ def report(device: Any = None, step_times: Optional[list] = None) -> dict:
         "address_stability": s["renaissance.address_stability"],
         "variants": s["renaissance.variants"],
     }
+
+
+def export_snapshot(path: Any, device: Any = None) -> dict:
+    """Writes the last planned step as a PyTorch memory snapshot (pickle).
+
+    The file opens in PyTorch's memory viewer (``torch.cuda._memory_viz``,
+    https://pytorch.org/memory_viz): one segment, the planned territory, with
+    every allocation of the last completed step that was served inside it at
+    its real offset and logical alloc/free times. Allocations the dynamic pool
+    served (persistent ones, misses) live in other segments and are left out.
+
+    Args:
+        path: where to write the pickle.
+        device: as for :func:`memory_stats`.
+
+    Returns:
+        The snapshot dict that was written.
+
+    Raises:
+        ValueError: no step has been planned on that arena yet.
+    """
+    from torch_renaissance import trace as trace_mod
+
+    arena = get_arena(device)
+    segs = [g for g in arena.snapshot() if g["plan_top"]]
+    step = arena.last_step()
+    if not segs or not step["entries"]:
+        raise ValueError("export_snapshot: no planned step on this arena yet (mark steps with "
+                         "torch_renaissance.step() and run at least three)")
+    base, top = segs[0]["address"], segs[0]["plan_top"]
+    entries, offsets = [], []
+    for e in step["entries"]:
+        if not base <= e["address"] < base + top:
+            continue
+        entries.append(trace_mod.TraceEntry(
+            index=len(entries), size=e["size"], stream=e["stream"], alloc_time=e["alloc_time"],
+            free_time=e["free_time"], address=e["address"]))
+        offsets.append(e["address"] - base)
+    tr = trace_mod.Trace(entries=entries, end_time=max(step["end_time"], 1),
+                         source=f"torch_renaissance step {step['step']}")
+    snap = trace_mod.to_snapshot(tr, offsets, base_address=base, segment_size=top)
+    trace_mod.save_snapshot(snap, path)
+    return snap

@@ -116,6 +116,11 @@ void Arena::sync_point() {
   boundary_locked();
 }
 
+void Arena::set_capturing(bool capturing) {
+  std::lock_guard<std::mutex> g(mu_);
+  capturing_ = capturing;
+}
+
 void Arena::begin_step() {
   std::lock_guard<std::mutex> g(mu_);
   if (steps_) steps_->begin_step();
@@ -140,6 +145,17 @@ DeviceStats Arena::stats() const {
 PlanStats Arena::plan_stats() const {
   std::lock_guard<std::mutex> g(mu_);
   return steps_ ? steps_->stats() : PlanStats{};
+}
+
+std::pair<planner::Problem, std::vector<std::uint64_t>> Arena::last_plan() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!steps_) return {};
+  return {steps_->last_problem(), steps_->last_offsets()};
+}
+
+StepRecord Arena::last_step() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return steps_ ? steps_->last_step() : StepRecord{};
 }
 
 void Arena::reset_peak_stats() {
@@ -448,6 +464,7 @@ void Arena::release_segment_locked(Segment* seg) {
 }
 
 std::size_t Arena::release_cached_locked() {
+  if (capturing_) return 0;
   std::size_t released = 0;
   std::vector<Segment*> wholly_free;
   for (auto& [base, seg] : segments_) {
@@ -571,6 +588,7 @@ void Arena::release_blocks_locked(const std::vector<Block*>& blocks) {
 }
 
 void Arena::boundary_locked() {
+  if (capturing_) return;
   stats_.events_recorded += static_cast<std::int64_t>(pending_.seal_all());
   if (territory_) {
     // Planned blocks with stream uses: release them into the territory now;
@@ -593,6 +611,7 @@ void Arena::boundary_locked() {
 }
 
 bool Arena::reclaim_pending_locked(StreamId stream) {
+  if (capturing_) return false;
   const std::int64_t before = stats_.pending_bytes.current;
   boundary_locked();
   if (config_.stream_policy == StreamPolicy::kWait) {
@@ -602,6 +621,7 @@ bool Arena::reclaim_pending_locked(StreamId stream) {
 }
 
 void Arena::synchronize_pending_locked() {
+  if (capturing_) return;
   if (pending_.empty()) return;
   stats_.events_recorded += static_cast<std::int64_t>(pending_.seal_all());
   ++stats_.num_sync_all_streams;
@@ -617,6 +637,7 @@ void Arena::wait_epoch_locked(StreamId stream) {
 }
 
 void Arena::synchronize_epoch_locked() {
+  if (capturing_) return;
   if (epoch_.empty()) return;
   ++stats_.num_sync_all_streams;
   for (EpochEvent& e : epoch_) {

@@ -40,6 +40,7 @@
 #include "core/block.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "core/planner.h"
 #include "core/stats.h"
 #include "core/stream_events.h"
 
@@ -113,6 +114,22 @@ struct PlanStats {
   double plan_seconds = 0.0;        // time spent in the planner, total
 };
 
+// One allocation of the last completed step (for exports and tests).
+struct TraceRecord {
+  std::size_t size = 0;       // bytes (rounded)
+  StreamId stream = 0;
+  std::int64_t alloc_time = 0;
+  std::int64_t free_time = -1;  // -1: still live when the step ended
+  std::uintptr_t address = 0;
+  bool used_elsewhere = false;  // had a stream use on another stream
+};
+
+struct StepRecord {
+  std::uint64_t step = 0;
+  std::int64_t end_time = 0;
+  std::vector<TraceRecord> entries;
+};
+
 class StepPlanner;
 
 class Arena {
@@ -143,6 +160,10 @@ class Arena {
 
   DeviceStats stats() const;
   PlanStats plan_stats() const;
+  // The trace of the last completed step (empty when none or planning is off).
+  StepRecord last_step() const;
+  // The most recent plan's input and output (empty before the first plan).
+  std::pair<planner::Problem, std::vector<std::uint64_t>> last_plan() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
   std::vector<SegmentInfo> snapshot() const;
@@ -152,6 +173,13 @@ class Arena {
   std::size_t block_size(void* ptr) const;
   // Throws std::logic_error describing the first broken invariant; for tests.
   void check_invariants() const;
+  // Capture mode (a CUDA graph capture or another private-pool window is
+  // open on the device): while on, the arena records, queries, waits on and
+  // synchronizes no event and gives no memory back to the device (no event
+  // call or free is legal during a capture). Blocks freed with stream uses
+  // stay pending until capture mode ends; empty_cache() and the
+  // out-of-memory retry release nothing. Off by default.
+  void set_capturing(bool capturing);
 
   Device& device() { return *device_; }
   const ArenaConfig& config() const { return config_; }
@@ -228,6 +256,7 @@ class Arena {
   };
   std::vector<EpochEvent> epoch_;
   Segment* territory_ = nullptr;  // segment holding planned territory
+  bool capturing_ = false;        // see set_capturing()
 
   std::unique_ptr<StepPlanner> steps_;
 };

@@ -47,10 +47,25 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   const std::size_t i = cur_->entries.size();
   ++stats_.requests;
   if (!fits(*active_, i, rounded, stream) && !switch_layout(i, rounded, stream)) {
-    // The sequence left every layout: serve the rest of the step dynamically,
-    // with the territory handed back so that nothing is held twice.
     ++stats_.misses;
     missed_ = true;
+    const bool same_structure = i < active_->slots.size() && active_->slots[i].stream == stream;
+    if (same_structure) {
+      // Only the size grew (a longer sequence, a larger batch): try the
+      // planned offset with the larger size. The arena's overlap check keeps
+      // it safe; if something live is in the way, the dynamic pool serves it.
+      const Slot& s = active_->slots[i];
+      if (s.dynamic) return nullptr;
+      if (Block* b = arena_.territory_ ? arena_.place_locked(arena_.territory_, s.offset, rounded,
+                                                             requested, stream)
+                                       : nullptr) {
+        return b;
+      }
+      // It does not fit where planned: stop replaying this step and let the
+      // dynamic pool use the territory's free space for the rest of it.
+    }
+    // The sequence left every layout: serve the rest of the step dynamically,
+    // with the territory handed back so that nothing is held twice.
     replaying_ = false;
     arena_.demote_locked();
     return nullptr;
@@ -180,6 +195,8 @@ void StepPlanner::end_step() {
     l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
     // Conflicts that persist (a new long-lived block in the way): re-plan.
     if (l->conflict_streak >= 2 && prev_) plan_step();
+  } else if (Layout* l = covering_layout(); l && !missed_) {
+    remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
   } else if (prev_ && !cur_->entries.empty()) {
     plan_step();
   }
@@ -190,6 +207,35 @@ void StepPlanner::end_step() {
     arena_.release_cached_locked();
   }
   prev_ = std::move(cur_);
+}
+
+StepPlanner::Layout* StepPlanner::covering_layout() const {
+  for (const auto& l : layouts_) {
+    if (l->slots.size() != cur_->entries.size()) continue;
+    bool ok = true;
+    for (std::size_t i = 0; ok && i < l->slots.size(); ++i) {
+      const Slot& s = l->slots[i];
+      const Entry& e = cur_->entries[i];
+      ok = s.stream == e.stream && (s.dynamic || e.rounded <= s.size);
+    }
+    if (ok) return l.get();
+  }
+  return nullptr;
+}
+
+void StepPlanner::remember_variant(Layout* layout, std::vector<std::size_t> sizes) {
+  // Register the variant, evicting the least recently used beyond the limit.
+  auto known = std::find_if(variants_.begin(), variants_.end(),
+                            [&](const Variant& v) { return v.sizes == sizes; });
+  if (known == variants_.end()) {
+    variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_});
+  } else {
+    known->layout = layout;
+    known->last_used = ++use_clock_;
+  }
+  while (variants_.size() > std::max<std::size_t>(1, arena_.config_.max_variants)) {
+    forget_least_recent_variant();
+  }
 }
 
 void StepPlanner::forget_least_recent_variant() {
@@ -316,6 +362,7 @@ void StepPlanner::plan_step() {
   planner::Options opts;
   opts.budget_seconds = arena_.config_.plan_budget_seconds;
   planner::Result r = planner::plan(problem, opts);
+  last_offsets_ = r.offsets;
 
   std::unique_ptr<Layout> fresh;
   Layout* layout = target;
@@ -343,21 +390,11 @@ void StepPlanner::plan_step() {
   layout->persistent = persistent;
   layout->conflict_streak = 0;
   if (fresh) layouts_.push_back(std::move(fresh));
+  last_problem_ = std::move(problem);
 
-  // Register the variant, evicting the least recently used beyond the limit.
   std::vector<std::size_t> sizes;
   for (const Entry& e : cur.entries) sizes.push_back(e.rounded);
-  auto known = std::find_if(variants_.begin(), variants_.end(),
-                            [&](const Variant& v) { return v.sizes == sizes; });
-  if (known == variants_.end()) {
-    variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_});
-  } else {
-    known->layout = layout;
-    known->last_used = ++use_clock_;
-  }
-  while (variants_.size() > std::max<std::size_t>(1, arena_.config_.max_variants)) {
-    forget_least_recent_variant();
-  }
+  remember_variant(layout, std::move(sizes));
 
   ++stats_.plans;
   stats_.plan_seconds +=
@@ -367,6 +404,18 @@ void StepPlanner::plan_step() {
   // starts replaying at once.
   arena_.demote_locked();
   activate_territory();
+}
+
+StepRecord StepPlanner::last_step() const {
+  StepRecord r;
+  if (!prev_) return r;
+  r.step = prev_->step;
+  r.end_time = prev_->end_time;
+  r.entries.reserve(prev_->entries.size());
+  for (const Entry& e : prev_->entries) {
+    r.entries.push_back(TraceRecord{e.rounded, e.stream, e.t_alloc, e.t_free, e.address, e.used_elsewhere});
+  }
+  return r;
 }
 
 PlanStats StepPlanner::stats() const {

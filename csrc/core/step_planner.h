@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/planner.h"
 
 namespace renaissance {
 
@@ -52,6 +53,10 @@ class StepPlanner {
   // the rest of this step.
   void release_territory();
   PlanStats stats() const;
+  StepRecord last_step() const;
+  // The problem and offsets of the most recent plan (for tests and tools).
+  const planner::Problem& last_problem() const { return last_problem_; }
+  const std::vector<std::uint64_t>& last_offsets() const { return last_offsets_; }
 
  private:
   struct Entry {
@@ -98,6 +103,8 @@ class StepPlanner {
   bool activate_territory();
   void plan_step();
   void forget_least_recent_variant();
+  Layout* covering_layout() const;  // a layout whose slots hold this step
+  void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
 
   Arena& arena_;
   bool open_ = false;
@@ -117,6 +124,8 @@ class StepPlanner {
   // with at least one allocation.
   std::int64_t cur_allocations_ = 0, cur_hits_ = 0, cur_same_ = 0, cur_comparable_ = 0;
   PlanStats stats_;
+  planner::Problem last_problem_;
+  std::vector<std::uint64_t> last_offsets_;
 };
 
 }  // namespace renaissance

@@ -15,6 +15,7 @@
 #include "core/host_device.h"
 #include "core/planner.h"
 #include "core/sim_device.h"
+#include "python/arena_config.h"
 #include "torch/cpu_allocator.h"
 #ifdef TR_WITH_CUDA
 #include "python/cuda_bindings.h"  // void bind_cuda(pybind11::module_&)
@@ -197,6 +198,8 @@ using FixedList = std::vector<std::tuple<std::uint64_t, std::uint64_t, std::int6
 
 }  // namespace
 
+ArenaConfig renaissance::arena_config_from_kwargs(const py::kwargs& kw) { return config_from(kw); }
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_renaissance compiled core: device backends, arena, planner, torch glue";
 
@@ -267,6 +270,45 @@ PYBIND11_MODULE(_C, m) {
       .def("end_step", &Arena::end_step, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("in_step", &Arena::in_step)
       .def("stats", [](const Arena& a) { return stats_dict(a.stats(), a.plan_stats()); })
+      .def("last_step",
+           [](const Arena& a) {
+             const StepRecord r = a.last_step();
+             py::list entries;
+             for (const TraceRecord& e : r.entries) {
+               py::dict d;
+               d["size"] = e.size;
+               d["stream"] = e.stream;
+               d["alloc_time"] = e.alloc_time;
+               d["free_time"] = e.free_time < 0 ? py::object(py::none()) : py::int_(e.free_time);
+               d["address"] = e.address;
+               d["used_elsewhere"] = e.used_elsewhere;
+               entries.append(d);
+             }
+             py::dict out;
+             out["step"] = r.step;
+             out["end_time"] = r.end_time;
+             out["entries"] = entries;
+             return out;
+           })
+      .def("last_plan",
+           [](const Arena& a) {
+             auto [p, offsets] = a.last_plan();
+             py::list sizes, lowers, uppers, fixed;
+             for (const auto& b : p.buffers) {
+               sizes.append(b.size);
+               lowers.append(b.lower);
+               uppers.append(b.upper);
+             }
+             for (const auto& f : p.fixed) fixed.append(py::make_tuple(f.offset, f.size, f.lower, f.upper));
+             py::dict d;
+             d["sizes"] = sizes;
+             d["lowers"] = lowers;
+             d["uppers"] = uppers;
+             d["period"] = p.period;
+             d["fixed"] = fixed;
+             d["offsets"] = offsets;
+             return d;
+           })
       .def("reset_peak_stats", &Arena::reset_peak_stats)
       .def("reset_accumulated_stats", &Arena::reset_accumulated_stats)
       .def(
@@ -275,6 +317,7 @@ PYBIND11_MODULE(_C, m) {
       .def("largest_free_block", &Arena::largest_free_block)
       .def("block_size", [](const Arena& a, std::uintptr_t p) { return a.block_size(to_ptr(p)); })
       .def("check_invariants", &Arena::check_invariants)
+      .def("set_capturing", &Arena::set_capturing, py::arg("capturing"))
       .def_property_readonly("rounding", &Arena::rounding)
       .def_property_readonly("device", [](Arena& a) { return a.device().name(); });
 
