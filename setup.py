@@ -14,7 +14,11 @@ from setuptools import setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CUDA_ONLY = {"csrc/core/cuda_device.cpp", "csrc/torch/cuda_allocator.cpp"}
+CUDA_ONLY = {
+    "csrc/core/cuda_device.cpp",
+    "csrc/torch/cuda_allocator.cpp",
+    "csrc/python/cuda_bindings.cpp",
+}
 
 
 def _want_cuda() -> bool:

@@ -22,6 +22,7 @@ from torch_renaissance.allocator import (
     parse_conf,
 )
 from torch_renaissance.stats import (
+    export_snapshot,
     empty_cache,
     fragmentation,
     max_memory_allocated,
@@ -34,14 +35,15 @@ from torch_renaissance.stats import (
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
 )
+from torch_renaissance.cuda import mem_pool
 from torch_renaissance.step import auto_steps, planned, step, stop_auto_steps
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Config", "get_arena", "install", "installed_config", "is_installed", "parse_conf",
-    "empty_cache", "fragmentation", "max_memory_allocated", "max_memory_reserved",
+    "empty_cache", "export_snapshot", "fragmentation", "max_memory_allocated", "max_memory_reserved",
     "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_as_nested_dict",
     "memory_summary", "reset_accumulated_memory_stats", "reset_peak_memory_stats",
-    "auto_steps", "planned", "step", "stop_auto_steps",
+    "auto_steps", "planned", "step", "stop_auto_steps", "mem_pool",
 ]

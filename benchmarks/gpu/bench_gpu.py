@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""GPU benchmarks: torch_renaissance vs PyTorch's CUDA allocator, side by side.
+
+Three allocator configurations, each in its own process (PyTorch's allocator
+settings are per process):
+
+* ``renaissance``: ``torch_renaissance.install("cuda")``, GPT steps planned;
+* ``native``: PyTorch's caching allocator, default settings;
+* ``native_expandable``: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+
+Measured in each (all sizes in bytes, times in ns / ms):
+
+* ``torch.empty`` + free latency for 512 B, 1 MiB and 64 MiB (median of 5 runs);
+* the bundled GPT (``torch_renaissance.examples.gpt``, GPU-sized) trained 30
+  steps: mean step time of steps 5..29, peak reserved and peak allocated from
+  step 3 on, fragmentation ``1 - peak allocated / peak reserved``, and address
+  stability (the fraction of tensors made in a step whose storage sits at the
+  same address as the same tensor in the step before, seen through a
+  ``TorchDispatchMode``, so the same measure for every allocator);
+* peak reserved of a prefetch loop: 64 MiB host batches copied to the GPU on a
+  side stream, consumed on the main stream (``record_stream``), 40 batches.
+
+Usage::
+
+    python benchmarks/gpu/bench_gpu.py --out DIR            # run everything, print the table
+    python benchmarks/gpu/bench_gpu.py --report DIR         # print the table of DIR/results.json
+    python benchmarks/gpu/bench_gpu.py --worker CONFIG      # one configuration (internal)
+
+``--out`` writes ``DIR/results.json``; a configuration that fails or times out
+is recorded with its error and shown as such in the table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CONFIGS = {
+    "renaissance": {},
+    "native": {},
+    "native_expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+}
+LABELS = {"renaissance": "torch_renaissance", "native": "PyTorch default",
+          "native_expandable": "PyTorch expandable"}
+
+
+# --- worker: one configuration, in its own process --------------------------------
+
+
+def _latency(torch, nbytes: int, iters: int) -> float:
+    dev = torch.device("cuda")
+    for _ in range(min(iters, 500)):
+        t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        del t
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(iters):
+            t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            del t
+        runs.append((time.perf_counter_ns() - t0) / iters)
+    return statistics.median(runs)
+
+
+def _gpt(torch, tr, config: str) -> dict:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from torch_renaissance.examples import gpt
+
+    class Addresses(TorchDispatchMode):
+        """Storage addresses of every CUDA tensor an op returns, in order."""
+
+        def __init__(self):
+            super().__init__()
+            self.ptrs = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    self.ptrs.append(t.untyped_storage().data_ptr())
+            return out
+
+    cfg = gpt.GPTConfig(vocab_size=8192, seq_len=512, d_model=512, n_layer=8, n_head=8)
+    model, opt = gpt.make(cfg, seed=0, device="cuda")
+    gen = torch.Generator().manual_seed(1)
+    planned = config == "renaissance"
+
+    def one_step(recorder=None):
+        x, y = gpt.synthetic_batch(gen, 16, cfg.seq_len, cfg.vocab_size, device="cuda")
+        if recorder is not None:
+            with recorder:
+                return _run(x, y)
+        return _run(x, y)
+
+    def _run(x, y):
+        if planned:
+            with tr.step("cuda"):
+                return gpt.train_step(model, opt, x, y)
+        return gpt.train_step(model, opt, x, y)
+
+    times = []
+    for i in range(30):
+        if i == 3:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        one_step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    peak_reserved = torch.cuda.max_memory_reserved()
+    peak_allocated = torch.cuda.max_memory_allocated()
+    stability = None
+    try:
+        seqs = []
+        for _ in range(2):
+            rec = Addresses()
+            one_step(rec)
+            seqs.append(rec.ptrs)
+        a, b = seqs
+        n = min(len(a), len(b))
+        stability = sum(1 for i in range(n) if a[i] == b[i]) / n if n else None
+    except Exception as e:  # noqa: BLE001 - a measurement problem is reported, not fatal
+        print(f"address stability not measured: {e!r}", file=sys.stderr)
+    out = {
+        "step_ms": 1000 * statistics.mean(times[5:]),
+        "peak_reserved": peak_reserved,
+        "peak_allocated": peak_allocated,
+        "fragmentation": 1 - peak_allocated / peak_reserved if peak_reserved else None,
+        "address_stability": stability,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    if planned:
+        s = tr.memory_stats("cuda")
+        out["renaissance_address_stability"] = s["renaissance.address_stability"]
+        out["planned_steps"] = s["renaissance.planned_steps"]
+        out["load_bytes"] = s["renaissance.load_bytes"]
+    del model, opt
+    return out
+
+
+def _prefetch(torch) -> dict:
+    side = torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+    n = 64 * MiB // 4
+    host = [torch.full((n,), float(i), pin_memory=True) for i in range(4)]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+    def load(i):
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            return host[i % 4].to("cuda", non_blocking=True)
+
+    total = torch.zeros((), device="cuda")
+    cur = load(0)
+    for i in range(1, 40):
+        main.wait_stream(side)
+        cur.record_stream(main)
+        nxt = load(i)
+        total += (cur * 2).sum()
+        del cur
+        cur = nxt
+    main.wait_stream(side)
+    cur.record_stream(main)
+    total += cur.sum()
+    del cur
+    torch.cuda.synchronize()
+    return {"peak_reserved": torch.cuda.max_memory_reserved(), "check": float(total.item())}
+
+
+def worker(config: str) -> dict:
+    import torch
+
+    tr = None
+    if config == "renaissance":
+        import torch_renaissance as tr
+
+        tr.install("cuda")
+    out = {"config": config}
+    torch.cuda.init()
+    out["gpu"] = torch.cuda.get_device_name(0)
+    out["latency_ns"] = {
+        "512B": _latency(torch, 512, 20000),
+        "1MiB": _latency(torch, MiB, 20000),
+        "64MiB": _latency(torch, 64 * MiB, 5000),
+    }
+    torch.cuda.empty_cache()
+    out["gpt"] = _gpt(torch, tr, config)
+    torch.cuda.empty_cache()
+    out["prefetch"] = _prefetch(torch)
+    if tr is not None:
+        from torch_renaissance import cuda as tr_cuda
+
+        out["vmm"] = tr_cuda.vmm_status(0)
+    return out
+
+
+# --- driver -------------------------------------------------------------------------
+
+
+def run_all(outdir: str, timeout: float) -> dict:
+    import torch
+
+    results = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "configs": {},
+    }
+    for name, extra_env in CONFIGS.items():
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        env.pop("TORCH_RENAISSANCE", None)
+        env.update(extra_env)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        t0 = time.monotonic()
+        print(f"== {name}: running (timeout {timeout:.0f} s)", flush=True)
+        try:
+            p = subprocess.run([sys.executable, __file__, "--worker", name], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=timeout)
+            sys.stdout.write(p.stdout)
+            sys.stdout.write(p.stderr)
+            lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+            if p.returncode == 0 and lines:
+                results["configs"][name] = json.loads(lines[-1][len("RESULT "):])
+            else:
+                results["configs"][name] = {"error": f"exit {p.returncode}: "
+                                            + (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        except subprocess.TimeoutExpired:
+            results["configs"][name] = {"error": f"timed out after {timeout:.0f} s"}
+        print(f"== {name}: {time.monotonic() - t0:.1f} s", flush=True)
+    os.makedirs(outdir, exist_ok=True)
+    path = os.path.join(outdir, "results.json")
+    old = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    old.update(results)
+    with open(path, "w") as f:
+        json.dump(old, f, indent=2)
+    return old
+
+
+def _cell(r, keys: tuple, fmt) -> str:
+    if r is None:
+        return "not run"
+    if "error" in r:
+        return "FAILED"
+    v = r
+    for k in keys:
+        if not isinstance(v, dict) or k not in v:
+            return "n/a"
+        v = v[k]
+    return "n/a" if v is None else fmt(v)
+
+
+def table(results: dict) -> str:
+    rows = [
+        ("torch.empty+free 512 B (ns)", ("latency_ns", "512B"), lambda v: f"{v:,.0f}"),
+        ("torch.empty+free 1 MiB (ns)", ("latency_ns", "1MiB"), lambda v: f"{v:,.0f}"),
+        ("torch.empty+free 64 MiB (ns)", ("latency_ns", "64MiB"), lambda v: f"{v:,.0f}"),
+        ("GPT step time (ms)", ("gpt", "step_ms"), lambda v: f"{v:.2f}"),
+        ("GPT peak reserved (MiB)", ("gpt", "peak_reserved"), lambda v: f"{v / MiB:,.1f}"),
+        ("GPT peak allocated (MiB)", ("gpt", "peak_allocated"), lambda v: f"{v / MiB:,.1f}"),
+        ("GPT fragmentation", ("gpt", "fragmentation"), lambda v: f"{100 * v:.1f}%"),
+        ("GPT address stability", ("gpt", "address_stability"), lambda v: f"{100 * v:.1f}%"),
+        ("prefetch loop peak reserved (MiB)", ("prefetch", "peak_reserved"),
+         lambda v: f"{v / MiB:,.1f}"),
+    ]
+    cfgs = results.get("configs", {})
+    names = list(CONFIGS)
+    head = ["metric"] + [LABELS[n] for n in names]
+    body = [[title] + [_cell(cfgs.get(n), keys, fmt) for n in names]
+            for title, keys, fmt in rows]
+    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    if not results.get("configs"):
+        out = ["no benchmark results (see the steps below and log.txt)"]
+    else:
+        out = [f"GPU: {results.get('gpu')}; torch {results.get('torch')}, "
+               f"CUDA {results.get('cuda')}; {results.get('date')}"]
+    steps = results.get("steps", {})
+    if steps:
+        out.append("; ".join(f"{k}: {v}" for k, v in steps.items()))
+    out += [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in body]
+    for n in names:
+        err = cfgs.get(n, {}).get("error")
+        if err:
+            out.append(f"{LABELS[n]}: {err}")
+    vmm = cfgs.get("renaissance", {}).get("vmm")
+    if vmm:
+        out.append(f"torch_renaissance expandable segments: {vmm}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--out", help="run every configuration, write DIR/results.json")
+    g.add_argument("--report", help="print the table of DIR/results.json")
+    g.add_argument("--worker", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=float, default=100.0, help="seconds per configuration")
+    args = ap.parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args.worker)), flush=True)
+        return 0
+    if args.out:
+        results = run_all(args.out, args.timeout)
+        print(table(results), flush=True)
+        return 0 if all("error" not in r for r in results["configs"].values()) else 1
+    # --report: merge the run's step statuses (steps.json, written by
+    # run_all.sh) into results.json and print the table.
+    path = os.path.join(args.report, "results.json")
+    results = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            results = json.load(f)
+    steps_path = os.path.join(args.report, "steps.json")
+    if os.path.exists(steps_path):
+        with open(steps_path) as f:
+            results["steps"] = json.load(f)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    print(table(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,475 @@
+// cuda_device.cpp - see cuda_device.h for the invariants.
+#include "core/cuda_device.h"
+
+#include <cuda.h>  // driver API types only: the functions come from entry points
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "core/errors.h"
+
+namespace renaissance {
+
+namespace {
+
+[[noreturn]] void throw_cuda(cudaError_t err, const char* call, int device) {
+  (void)cudaGetLastError();  // clear a non-sticky error so later calls start clean
+  std::string where = device >= 0 ? " on cuda:" + std::to_string(device) : std::string();
+  throw DeviceError(std::string("torch_renaissance: ") + call + " failed" + where + ": " +
+                    cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
+}
+
+}  // namespace
+
+// Checks a cudaError_t; throws DeviceError naming the call and the error.
+#define TR_CUDA_CHECK(expr)                                    \
+  do {                                                         \
+    const cudaError_t tr_err_ = (expr);                        \
+    if (tr_err_ != cudaSuccess) throw_cuda(tr_err_, #expr, index_); \
+  } while (0)
+
+namespace {
+
+// Makes `index` the calling thread's device for the guard's lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    cudaError_t err = cudaGetDevice(&prev_);
+    if (err != cudaSuccess) throw_cuda(err, "cudaGetDevice", index);
+    if (prev_ != index) {
+      err = cudaSetDevice(index);
+      if (err != cudaSuccess) throw_cuda(err, "cudaSetDevice", index);
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) (void)cudaSetDevice(prev_);  // best effort: a destructor cannot throw
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool switched_ = false;
+};
+
+// Relaxed stream-capture mode for this thread while the guard lives: lets
+// cudaMalloc / cuMemCreate run while a CUDA graph is being captured
+// (PyTorch's caching allocator does the same).
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(int index) {
+    const cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode_);
+    if (err != cudaSuccess) throw_cuda(err, "cudaThreadExchangeStreamCaptureMode", index);
+  }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+cudaEvent_t to_event(EventId e) { return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(e)); }
+cudaStream_t to_stream(StreamId s) {
+  return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s));
+}
+
+bool env_disables_vmm() {
+  const char* v = std::getenv("TORCH_RENAISSANCE_CUDA_VMM");
+  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 ||
+               std::strcmp(v, "False") == 0 || std::strcmp(v, "no") == 0);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// VMM: driver entry points and mapped handles
+// ---------------------------------------------------------------------------
+
+struct CudaDevice::Vmm {
+  decltype(&::cuGetErrorString) error_string = nullptr;
+  decltype(&::cuDeviceGetAttribute) get_attribute = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) get_granularity = nullptr;
+  decltype(&::cuMemAddressReserve) address_reserve = nullptr;
+  decltype(&::cuMemAddressFree) address_free = nullptr;
+  decltype(&::cuMemCreate) create = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+
+  std::size_t granularity = 0;
+  CUmemAllocationProp prop{};
+
+  std::mutex mu;
+  struct Range {
+    std::size_t bytes = 0;
+    std::map<std::size_t, CUmemGenericAllocationHandle> granules;  // offset -> handle
+  };
+  std::map<std::uintptr_t, Range> ranges;  // by base address
+
+  std::string text(CUresult r) const {
+    const char* s = nullptr;
+    if (error_string && error_string(r, &s) == CUDA_SUCCESS && s) return s;
+    return "CUresult " + std::to_string(static_cast<int>(r));
+  }
+  [[noreturn]] void fail(CUresult r, const char* call, int device) const {
+    throw DeviceError(std::string("torch_renaissance: ") + call + " failed on cuda:" +
+                      std::to_string(device) + ": " + text(r));
+  }
+  // The range holding [p, p + bytes), or nullptr.
+  Range* find(std::uintptr_t p, std::size_t bytes, std::uintptr_t* base) {
+    auto it = ranges.upper_bound(p);
+    if (it == ranges.begin()) return nullptr;
+    --it;
+    if (p - it->first > it->second.bytes || bytes > it->second.bytes - (p - it->first)) {
+      return nullptr;
+    }
+    *base = it->first;
+    return &it->second;
+  }
+};
+
+namespace {
+
+template <typename Fn>
+bool resolve(const char* symbol, Fn* out) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  // The signatures we declare are those of CUDA 12.0's driver API.
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status);
+#else
+  const cudaError_t err = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &status);
+#endif
+  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || !fn) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  *out = reinterpret_cast<Fn>(fn);
+  return true;
+}
+
+}  // namespace
+
+void CudaDevice::init_vmm() const {
+  std::call_once(vmm_once_, [this] {
+    if (env_disables_vmm()) {
+      vmm_status_ = "off: TORCH_RENAISSANCE_CUDA_VMM=0";
+      return;
+    }
+    auto v = std::make_unique<Vmm>();
+    struct Sym {
+      const char* name;
+      bool ok;
+    };
+    const Sym syms[] = {
+        {"cuGetErrorString", resolve("cuGetErrorString", &v->error_string)},
+        {"cuDeviceGetAttribute", resolve("cuDeviceGetAttribute", &v->get_attribute)},
+        {"cuMemGetAllocationGranularity",
+         resolve("cuMemGetAllocationGranularity", &v->get_granularity)},
+        {"cuMemAddressReserve", resolve("cuMemAddressReserve", &v->address_reserve)},
+        {"cuMemAddressFree", resolve("cuMemAddressFree", &v->address_free)},
+        {"cuMemCreate", resolve("cuMemCreate", &v->create)},
+        {"cuMemRelease", resolve("cuMemRelease", &v->release)},
+        {"cuMemMap", resolve("cuMemMap", &v->map)},
+        {"cuMemUnmap", resolve("cuMemUnmap", &v->unmap)},
+        {"cuMemSetAccess", resolve("cuMemSetAccess", &v->set_access)},
+    };
+    for (const Sym& s : syms) {
+      if (!s.ok) {
+        vmm_status_ = std::string("off: ") + s.name + " not found in the CUDA driver";
+        return;
+      }
+    }
+    int supported = 0;
+    CUresult r = v->get_attribute(
+        &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, index_);
+    if (r != CUDA_SUCCESS || !supported) {
+      vmm_status_ = "off: the device does not support virtual memory management";
+      return;
+    }
+    v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    v->prop.location.id = index_;
+    r = v->get_granularity(&v->granularity, &v->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS || v->granularity == 0 ||
+        (v->granularity & (v->granularity - 1)) != 0 || v->granularity % 512 != 0) {
+      vmm_status_ = "off: cuMemGetAllocationGranularity failed: " + v->text(r);
+      return;
+    }
+    vmm_status_ = "on (granularity " + format_bytes(v->granularity) + ")";
+    vmm_ = std::move(v);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// device
+// ---------------------------------------------------------------------------
+
+int CudaDevice::device_count() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw DeviceError(std::string("torch_renaissance: CUDA is not usable here: "
+                                  "cudaGetDeviceCount failed: ") +
+                      cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
+  }
+  if (n <= 0) throw DeviceError("torch_renaissance: CUDA is not usable here: no CUDA device found");
+  return n;
+}
+
+CudaDevice::CudaDevice(int index) : index_(index) {
+  const int n = device_count();
+  if (index < 0 || index >= n) {
+    throw DeviceError("torch_renaissance: cuda:" + std::to_string(index) +
+                      " does not exist (this machine has " + std::to_string(n) +
+                      " CUDA device" + (n == 1 ? "" : "s") + ")");
+  }
+}
+
+CudaDevice::~CudaDevice() {
+  if (!vmm_) return;
+  // Normally empty: arenas give back what they reserved. Best effort only:
+  // the driver may already be shutting down.
+  std::lock_guard<std::mutex> g(vmm_->mu);
+  for (auto& [base, range] : vmm_->ranges) {
+    for (auto& [off, h] : range.granules) {
+      (void)vmm_->unmap(static_cast<CUdeviceptr>(base + off), vmm_->granularity);
+      (void)vmm_->release(h);
+    }
+    (void)vmm_->address_free(static_cast<CUdeviceptr>(base), range.bytes);
+  }
+}
+
+void* CudaDevice::reserve(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  DeviceGuard guard(index_);
+  RelaxedCapture relaxed(index_);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  if (err == cudaErrorInvalidValue) {
+    // Some drivers answer absurd sizes (beyond the device) this way.
+    (void)cudaGetLastError();
+    std::size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && bytes > total_b) return nullptr;
+    (void)cudaGetLastError();
+    throw_cuda(err, "cudaMalloc", index_);
+  }
+  if (err != cudaSuccess) throw_cuda(err, "cudaMalloc", index_);
+  return p;
+}
+
+void CudaDevice::release(void* ptr, std::size_t) {
+  DeviceGuard guard(index_);
+  TR_CUDA_CHECK(cudaFree(ptr));
+}
+
+MemInfo CudaDevice::mem_info() const {
+  DeviceGuard guard(index_);
+  RelaxedCapture relaxed(index_);
+  MemInfo info;
+  TR_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
+// ---------------------------------------------------------------------------
+// address ranges
+// ---------------------------------------------------------------------------
+
+bool CudaDevice::supports_address_ranges() const {
+  init_vmm();
+  return vmm_ != nullptr;
+}
+
+std::size_t CudaDevice::range_granularity() const {
+  init_vmm();
+  return vmm_ ? vmm_->granularity : 0;
+}
+
+std::string CudaDevice::vmm_status() const {
+  init_vmm();
+  return vmm_status_;
+}
+
+void* CudaDevice::reserve_range(std::size_t bytes) {
+  if (!supports_address_ranges() || bytes == 0 || bytes % vmm_->granularity) return nullptr;
+  std::lock_guard<std::mutex> g(vmm_->mu);
+  RelaxedCapture relaxed(index_);
+  CUdeviceptr p = 0;
+  const CUresult r = vmm_->address_reserve(&p, bytes, vmm_->granularity, 0, 0);
+  if (r != CUDA_SUCCESS) return nullptr;  // refused: the arena tries less, then fixed segments
+  Vmm::Range range;
+  range.bytes = bytes;
+  vmm_->ranges.emplace(static_cast<std::uintptr_t>(p), std::move(range));
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
+}
+
+void CudaDevice::release_range(void* base, std::size_t bytes) {
+  if (!supports_address_ranges()) {
+    throw DeviceError("torch_renaissance: release_range on " + name() + " without address ranges");
+  }
+  std::lock_guard<std::mutex> g(vmm_->mu);
+  auto it = vmm_->ranges.find(reinterpret_cast<std::uintptr_t>(base));
+  if (it == vmm_->ranges.end() || it->second.bytes != bytes) {
+    throw DeviceError("torch_renaissance: release_range of an address range " + name() +
+                      " did not reserve");
+  }
+  if (!it->second.granules.empty()) {
+    throw DeviceError("torch_renaissance: release_range of a range that still has mapped memory");
+  }
+  const CUresult r = vmm_->address_free(static_cast<CUdeviceptr>(it->first), bytes);
+  if (r != CUDA_SUCCESS) vmm_->fail(r, "cuMemAddressFree", index_);
+  vmm_->ranges.erase(it);
+}
+
+bool CudaDevice::map(void* ptr, std::size_t bytes) {
+  if (!supports_address_ranges()) return false;
+  Vmm& v = *vmm_;
+  const std::size_t gran = v.granularity;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> g(v.mu);
+  std::uintptr_t base = 0;
+  Vmm::Range* range = v.find(p, bytes, &base);
+  if (!range || bytes == 0 || bytes % gran || (p - base) % gran) {
+    throw DeviceError("torch_renaissance: map of a range that is not granule aligned inside an "
+                      "address range of " + name());
+  }
+  const std::size_t first = p - base;
+  for (std::size_t off = first; off < first + bytes; off += gran) {
+    if (range->granules.count(off)) {
+      throw DeviceError("torch_renaissance: map of memory that is already mapped on " + name());
+    }
+  }
+  DeviceGuard guard(index_);
+  RelaxedCapture relaxed(index_);
+  // Refuse at once what cannot fit, instead of creating handles one granule
+  // at a time until the device runs out (and undoing them all).
+  std::size_t free_b = 0, total_b = 0;
+  TR_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (bytes > free_b) return false;
+  std::vector<std::pair<std::size_t, CUmemGenericAllocationHandle>> made;
+  auto rollback = [&] {
+    for (auto& [off, h] : made) {
+      (void)v.unmap(static_cast<CUdeviceptr>(base + off), gran);
+      (void)v.release(h);
+    }
+  };
+  for (std::size_t off = first; off < first + bytes; off += gran) {
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = v.create(&h, gran, &v.prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      rollback();
+      return false;
+    }
+    if (r != CUDA_SUCCESS) {
+      rollback();
+      v.fail(r, "cuMemCreate", index_);
+    }
+    r = v.map(static_cast<CUdeviceptr>(base + off), gran, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+      (void)v.release(h);
+      rollback();
+      v.fail(r, "cuMemMap", index_);
+    }
+    made.emplace_back(off, h);
+  }
+  CUmemAccessDesc access{};
+  access.location = v.prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUresult r = v.set_access(static_cast<CUdeviceptr>(p), bytes, &access, 1);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    rollback();
+    return false;
+  }
+  if (r != CUDA_SUCCESS) {
+    rollback();
+    v.fail(r, "cuMemSetAccess", index_);
+  }
+  for (auto& [off, h] : made) range->granules.emplace(off, h);
+  return true;
+}
+
+void CudaDevice::unmap(void* ptr, std::size_t bytes) {
+  if (!supports_address_ranges()) {
+    throw DeviceError("torch_renaissance: unmap on " + name() + " without address ranges");
+  }
+  Vmm& v = *vmm_;
+  const std::size_t gran = v.granularity;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> g(v.mu);
+  std::uintptr_t base = 0;
+  Vmm::Range* range = v.find(p, bytes, &base);
+  if (!range || bytes % gran || (p - base) % gran) {
+    throw DeviceError("torch_renaissance: unmap of a range that is not granule aligned inside "
+                      "an address range of " + name());
+  }
+  const std::size_t first = p - base;
+  for (std::size_t off = first; off < first + bytes; off += gran) {
+    if (!range->granules.count(off)) {
+      throw DeviceError("torch_renaissance: unmap of memory that is not mapped on " + name());
+    }
+  }
+  DeviceGuard guard(index_);
+  // Kernels still queued may use the memory: cuMemUnmap does not wait.
+  TR_CUDA_CHECK(cudaDeviceSynchronize());
+  for (std::size_t off = first; off < first + bytes; off += gran) {
+    auto it = range->granules.find(off);
+    CUresult r = v.unmap(static_cast<CUdeviceptr>(base + off), gran);
+    if (r != CUDA_SUCCESS) v.fail(r, "cuMemUnmap", index_);
+    r = v.release(it->second);
+    range->granules.erase(it);
+    if (r != CUDA_SUCCESS) v.fail(r, "cuMemRelease", index_);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// events
+// ---------------------------------------------------------------------------
+
+EventId CudaDevice::create_event() {
+  DeviceGuard guard(index_);
+  cudaEvent_t e = nullptr;
+  TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return static_cast<EventId>(reinterpret_cast<std::uintptr_t>(e));
+}
+
+void CudaDevice::destroy_event(EventId event) {
+  DeviceGuard guard(index_);
+  TR_CUDA_CHECK(cudaEventDestroy(to_event(event)));
+}
+
+void CudaDevice::record_event(EventId event, StreamId stream) {
+  DeviceGuard guard(index_);
+  TR_CUDA_CHECK(cudaEventRecord(to_event(event), to_stream(stream)));
+}
+
+bool CudaDevice::query_event(EventId event) {
+  const cudaError_t err = cudaEventQuery(to_event(event));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error
+    return false;
+  }
+  throw_cuda(err, "cudaEventQuery", index_);
+}
+
+void CudaDevice::synchronize_event(EventId event) {
+  TR_CUDA_CHECK(cudaEventSynchronize(to_event(event)));
+}
+
+void CudaDevice::stream_wait_event(StreamId stream, EventId event) {
+  DeviceGuard guard(index_);
+  TR_CUDA_CHECK(cudaStreamWaitEvent(to_stream(stream), to_event(event), 0));
+}
+
+}  // namespace renaissance

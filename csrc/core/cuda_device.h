@@ -1,0 +1,92 @@
+// cuda_device.h - CudaDevice: the device backend for one CUDA GPU, through
+// the CUDA runtime API only (no libcuda link; the driver's virtual-memory
+// functions are reached through cudaGetDriverEntryPoint when present).
+//
+// Invariants:
+//   * Every CUDA call runs with this device current (a guard switches and
+//     restores the calling thread's device) and every return code is
+//     checked: a failure throws DeviceError naming the call, the device and
+//     cudaGetErrorString's text. The one exception is running out of memory:
+//     reserve() returns nullptr and map() returns false, after clearing the
+//     runtime's last error, so the arena can free cached memory and retry.
+//   * reserve() is cudaMalloc (256-byte aligned or better; we promise 512).
+//     cudaMalloc / cuMemCreate run in relaxed stream-capture mode, so they
+//     are legal while another thread captures a CUDA graph; release(),
+//     unmap() and release_range() are never legal during a capture and the
+//     arena does not call them then.
+//   * Address ranges (expandable segments) are offered only when the driver
+//     exposes the VMM entry points and the device reports
+//     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, and
+//     TORCH_RENAISSANCE_CUDA_VMM is not 0. Each granule mapped by map() has
+//     its own physical handle, so unmap() can return any granule-aligned
+//     sub-range. unmap() synchronizes the device first: unlike cudaFree,
+//     cuMemUnmap does not wait for kernels that may still use the memory.
+//   * Events are created with cudaEventDisableTiming; an EventId is the
+//     cudaEvent_t, a StreamId the cudaStream_t (0: the legacy default
+//     stream).
+//   * Thread safe: the VMM handle table has its own mutex; everything else
+//     is stateless or the CUDA runtime's.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+
+namespace renaissance {
+
+class CudaDevice final : public Device {
+ public:
+  // Raises DeviceError when CUDA cannot be used (no driver, no device) or
+  // `index` is not a device of this machine.
+  explicit CudaDevice(int index);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  // Number of CUDA devices; raises DeviceError with the runtime's reason
+  // when there is no usable driver or device.
+  static int device_count();
+
+  int index() const { return index_; }
+  std::string name() const override { return "cuda:" + std::to_string(index_); }
+  bool is_device_memory() const override { return true; }
+  std::size_t alignment() const override { return 512; }
+
+  void* reserve(std::size_t bytes) override;
+  void release(void* ptr, std::size_t bytes) override;
+  MemInfo mem_info() const override;
+
+  bool supports_address_ranges() const override;
+  std::size_t range_granularity() const override;
+  void* reserve_range(std::size_t bytes) override;
+  void release_range(void* base, std::size_t bytes) override;
+  bool map(void* ptr, std::size_t bytes) override;
+  void unmap(void* ptr, std::size_t bytes) override;
+
+  EventId create_event() override;
+  void destroy_event(EventId event) override;
+  void record_event(EventId event, StreamId stream) override;
+  bool query_event(EventId event) override;
+  void synchronize_event(EventId event) override;
+  void stream_wait_event(StreamId stream, EventId event) override;
+
+  // Why address ranges are (not) offered, e.g. "on (granularity 2 MiB)" or
+  // "off: cuMemCreate not found in the driver". For diagnostics and tests.
+  std::string vmm_status() const;
+
+ private:
+  struct Vmm;  // driver entry points and the table of mapped handles
+  void init_vmm() const;
+
+  int index_;
+  mutable std::once_flag vmm_once_;
+  mutable std::unique_ptr<Vmm> vmm_;  // null when address ranges are off
+  mutable std::string vmm_status_;
+};
+
+}  // namespace renaissance
