@@ -230,7 +230,7 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   // next steps around them, instead of fragmenting small segments for good.
   const bool recording = steps_ && steps_->recording() && config_.expandable_segments && ranges_ok_;
   const PoolKind pool = recording ? PoolKind::kLarge : pool_for(rounded);
-  bool retried = false;
+  bool synced = false, retried = false;
   for (;;) {
     if (Block* b = find_free_locked(pool, stream, rounded)) {
       b = take_locked(b, rounded);
@@ -239,11 +239,18 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
     }
     if (!pending_.empty() && reclaim_pending_locked(stream)) continue;
     if (grow_locked(pool, stream, rounded)) continue;
+    if (!synced && !pending_.empty()) {
+      // A block that only waits on another stream may be the fit: wait for
+      // the pending uses on the host, then search again before anything else.
+      synced = true;
+      synchronize_pending_locked();
+      continue;
+    }
     if (!retried) {
-      // PyTorch's order: wait for pending frees, return cached segments, retry.
+      // Then PyTorch's order: return cached segments (and the planned
+      // territory for the rest of this step) to the device and retry once.
       retried = true;
       ++stats_.num_alloc_retries;
-      synchronize_pending_locked();
       if (steps_) steps_->release_territory();
       release_cached_locked();
       continue;

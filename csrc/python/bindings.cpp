@@ -221,7 +221,13 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Device, std::shared_ptr<Device>>(m, "Device")
       .def_property_readonly("name", &Device::name)
       .def_property_readonly("alignment", &Device::alignment)
-      .def_property_readonly("is_device_memory", &Device::is_device_memory);
+      .def_property_readonly("is_device_memory", &Device::is_device_memory)
+      .def("create_event", &Device::create_event)
+      .def("destroy_event", &Device::destroy_event, py::arg("event"))
+      .def("record_event", &Device::record_event, py::arg("event"), py::arg("stream"))
+      .def("query_event", &Device::query_event, py::arg("event"))
+      .def("synchronize_event", &Device::synchronize_event, py::arg("event"))
+      .def("stream_wait_event", &Device::stream_wait_event, py::arg("stream"), py::arg("event"));
 
   py::class_<HostDevice, Device, std::shared_ptr<HostDevice>>(m, "HostDevice").def(py::init<>());
 

@@ -1,0 +1,209 @@
+"""StreamManager: named compute / copy / communication streams with safe hand-offs.
+
+PyTorch leaves stream safety to the user: a tensor made on one stream and used
+on another needs an event wait *and* ``Tensor.record_stream`` so that the
+allocator does not hand its memory out again too early
+(``c10/cuda/CUDACachingAllocator.cpp``). The manager does both in one call,
+``handoff``, and marks step boundaries where the arena records one *epoch
+event* per (region, stream) instead of one event per block (DESIGN.md).
+
+Roles: ``compute`` (the stream the model runs on: the current stream when the
+manager is made), ``h2d`` and ``d2h`` (copies), ``comm`` (collectives).
+Streams come from PyTorch's device-generic ``torch.Stream`` / ``torch.Event``;
+on the CPU every role is the trivial CPU stream and everything stays correct.
+With a ``SimDevice`` (tests) the roles are simulated streams.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+
+ROLES = ("compute", "h2d", "d2h", "comm")
+
+
+class StreamManager:
+    """Named streams of one device and safe tensor hand-offs between them.
+
+    Args:
+        device: ``"cuda"``, ``"cuda:N"``, ``"cpu"`` or a ``torch.device``
+            (default: the current accelerator, else the CPU).
+        sim: a ``torch_renaissance._C.SimDevice`` to drive simulated streams
+            instead (tests); then ``arena`` is the ``_C.Arena`` on it.
+        arena: the arena whose stream uses ``handoff`` registers and whose
+            boundaries ``sync_point`` marks. Default: the installed arena of
+            ``device`` when torch_renaissance is installed for it.
+
+    Raises:
+        ValueError: ``sim`` without ``arena``.
+    """
+
+    def __init__(self, device: Any = None, *, sim: Any = None, arena: Any = None) -> None:
+        self._sim = sim
+        self._arena = arena
+        if sim is not None:
+            if arena is None:
+                raise ValueError("StreamManager(sim=...) needs the arena on that SimDevice")
+            self.device = None
+            self._streams = {"compute": 0, **{r: sim.new_stream() for r in ROLES[1:]}}
+            self._current = "compute"
+            return
+        if device is None:
+            acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+            device = acc if acc is not None else "cpu"
+        self.device = torch.device(device)
+        if self.device.type != "cpu" and self.device.index is None:
+            self.device = torch.device(self.device.type, torch.accelerator.current_device_index())
+        if arena is None:
+            from torch_renaissance import allocator
+
+            if allocator.is_installed(self.device.type):
+                self._arena = allocator.get_arena(self.device)
+        if self.device.type == "cpu":
+            trivial = torch.Stream(device="cpu")
+            self._streams = {r: trivial for r in ROLES}
+        else:
+            compute = torch.accelerator.current_stream(self.device.index)
+            self._streams = {"compute": compute,
+                             **{r: torch.Stream(device=self.device) for r in ROLES[1:]}}
+
+    @property
+    def trivial(self) -> bool:
+        """True on the CPU, where every role is the same synchronous stream."""
+        return self._sim is None and self.device.type == "cpu"
+
+    def stream(self, role: str):
+        """The stream of ``role`` (a ``torch.Stream``, or an int for SimDevice).
+
+        Raises:
+            KeyError: an unknown role (the message lists the roles).
+        """
+        try:
+            return self._streams[role]
+        except KeyError:
+            raise KeyError(f"unknown stream role {role!r}; roles: {', '.join(ROLES)}") from None
+
+    @contextlib.contextmanager
+    def on(self, role: str) -> Iterator[Any]:
+        """Runs the enclosed work on ``role``'s stream; yields that stream."""
+        s = self.stream(role)
+        if self._sim is not None:
+            prev, self._current = self._current, role
+            try:
+                yield s
+            finally:
+                self._current = prev
+        elif self.trivial:
+            yield s
+        else:
+            with s:
+                yield s
+
+    def current(self) -> str:
+        """The role whose stream is current (SimDevice: the innermost ``on``)."""
+        if self._sim is not None:
+            return self._current
+        if self.trivial:
+            return "compute"
+        cur = torch.accelerator.current_stream(self.device.index)
+        for role, s in self._streams.items():
+            if s == cur:
+                return role
+        return "compute"
+
+    def handoff(self, tensor: Any, to: str = "compute", *, from_: Optional[str] = None) -> Any:
+        """Makes ``tensor``, produced on ``from_`` (default: the current role),
+        safe to use on ``to``.
+
+        The target stream waits, on the device, for an event recorded on the
+        producer, and the allocator learns of the stream use (so the memory is
+        not reused before ``to``'s work on it is done) — what
+        ``record_stream`` does, without the caller calling it.
+
+        Args:
+            tensor: a tensor (any shape; zero-size is accepted), or with
+                SimDevice the int address of an arena allocation.
+            to: the consuming role.
+            from_: the producing role.
+
+        Returns:
+            ``tensor``, for chaining.
+        """
+        src = self.stream(from_ or self.current())
+        dst = self.stream(to)
+        if self._sim is not None:
+            if src != dst:
+                ev = self._sim.create_event()
+                self._sim.record_event(ev, src)
+                self._sim.stream_wait_event(dst, ev)
+                self._sim.destroy_event(ev)
+                if tensor:
+                    self._arena.record_stream(tensor, dst)
+            return tensor
+        if self.trivial or src == dst:
+            return tensor
+        ev = torch.Event(device=self.device)
+        ev.record(src)
+        dst.wait_event(ev)
+        if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
+            tensor.record_stream(dst)
+        return tensor
+
+    def prefetch(self, iterable: Iterable[Any], to: Any = None) -> Iterator[Any]:
+        """Iterates ``iterable``, copying each batch to ``to`` on the ``h2d``
+        stream one step ahead of compute.
+
+        Tensors (also inside tuples, lists and dicts) are pinned and copied
+        with ``non_blocking=True``; each yielded batch has been handed off to
+        ``compute``. On the CPU this is a plain ``.to(to)``.
+
+        Args:
+            iterable: batches of tensors (any nesting of tuple/list/dict).
+            to: the target device (default: the manager's device).
+        """
+        target = torch.device(to) if to is not None else self.device
+
+        def move(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                if self.trivial or target.type == "cpu":
+                    return x.to(target)
+                src = x if x.is_pinned() or x.device.type != "cpu" else x.pin_memory()
+                return src.to(target, non_blocking=True)
+            if isinstance(x, (list, tuple)):
+                return type(x)(move(v) for v in x)
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            return x
+
+        def hand(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return self.handoff(x, "compute", from_="h2d")
+            if isinstance(x, (list, tuple)):
+                return type(x)(hand(v) for v in x)
+            if isinstance(x, dict):
+                return {k: hand(v) for k, v in x.items()}
+            return x
+
+        it = iter(iterable)
+        try:
+            with self.on("h2d"):
+                nxt = move(next(it))
+        except StopIteration:
+            return
+        while True:
+            ready = hand(nxt)
+            try:
+                with self.on("h2d"):
+                    nxt = move(next(it))
+            except StopIteration:
+                yield ready
+                return
+            yield ready
+
+    def sync_point(self) -> None:
+        """A boundary: the arena records one event per (region, side stream)
+        covering every block freed with stream uses since the last boundary.
+        A no-op without an arena."""
+        if self._arena is not None:
+            self._arena.sync_point()
