@@ -62,7 +62,10 @@ def main(argv=None) -> int:
     }
     if args.mode != "default":
         tr.stop_auto_steps()
-        result.update(tr.stats.report("cpu"))
+        rep = tr.stats.report("cpu")
+        for key in ("steps", "mean_step_seconds"):  # ours are measured around train_step
+            rep.pop(key)
+        result.update(rep)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 
