@@ -108,12 +108,12 @@ TRAIN = textwrap.dedent("""
     if mode != "default":
         tr.install("cpu", planning=(mode == "planned"))
     from torch_renaissance.examples import gpt
-    cfg = gpt.GPTConfig(vocab_size=512, seq_len=64, d_model=128, n_layer=2, n_head=4)
+    cfg = gpt.GPTConfig()                  # the demo's model, as `torch-renaissance demo` trains it
     model, opt = gpt.make(cfg, seed=0)
     gen = torch.Generator().manual_seed(1)
     losses = []
     for i in range(int(sys.argv[2])):
-        x, y = gpt.synthetic_batch(gen, 4, 64, cfg.vocab_size)
+        x, y = gpt.synthetic_batch(gen, 4, cfg.seq_len, cfg.vocab_size)
         if mode == "planned":
             with tr.step():
                 losses.append(gpt.train_step(model, opt, x, y))
@@ -135,7 +135,10 @@ def _train(mode: str, steps: int) -> dict:
 def test_gpt_trains_bit_identical_under_our_allocator():
     default = _train("default", 20)
     ours = _train("dynamic", 20)
+    planned = _train("planned", 20)
     assert ours["losses"] == default["losses"]
+    assert planned["losses"] == default["losses"]
+    assert planned["stats"]["renaissance.planned_steps"] == 18
     s = ours["stats"]
     assert s["allocation.all.allocated"] > 20 * 100  # every step allocates
     assert s["allocated_bytes.all.peak"] > 0 and s["reserved_bytes.all.peak"] >= s["allocated_bytes.all.peak"]
@@ -176,3 +179,21 @@ def test_run_cli_passes_output_and_exit_code_through(tmp_path):
     assert rep["allocations"] >= stats["allocation.all.allocated"]
     assert rep["steps"] == 5
     assert rep["fragmentation"] == pytest.approx(1 - rep["peak_allocated_bytes"] / rep["peak_reserved_bytes"])
+
+
+def test_demo_prints_side_by_side_and_writes_json(tmp_path):
+    out = tmp_path / "demo.json"
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "demo", "--steps", "4", "--batch", "2",
+                        "--seq", "32", "--json", str(out)], capture_output=True, text=True,
+                       env=clean_env(), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "losses bit-identical across allocators: yes" in r.stdout
+    data = json.loads(out.read_text())
+    assert list(data) == ["PyTorch default", "renaissance dynamic", "renaissance planned"]
+    for title, row in data.items():
+        assert title in r.stdout
+        for key in ("mean step time (ms)", "peak RSS (MiB)", "peak reserved (MiB)", "final loss"):
+            assert key in row and key in r.stdout
+    assert data["PyTorch default"]["peak reserved (MiB)"] is None  # PyTorch's CPU allocator has no stats
+    assert data["renaissance dynamic"]["peak reserved (MiB)"] > 0
+    assert data["renaissance planned"]["losses"] == data["PyTorch default"]["losses"]

@@ -127,7 +127,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    console = Console(stderr=False)
+    console = Console(width=None if sys.stdout.isatty() else 120)
     results = {}
     with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
@@ -135,42 +135,47 @@ def cmd_demo(args: argparse.Namespace) -> int:
             task = progress.add_task(title, total=args.steps)
             results[mode] = _demo_run(mode, args, progress, task)
 
-    def pct(x):
-        return "n/a" if x is None else f"{100 * x:.1f}%"
+    # (printed name, value) per metric; the JSON keys are the printed names.
+    def metrics(r: dict) -> list:
+        planned = r["mode"] == "planned"
+        mib = lambda k: None if r.get(k) is None else r[k] / 2**20
+        return [
+            ("mean step time (ms)", 1000 * r["mean_step_seconds"]),
+            ("peak RSS (MiB)", mib("peak_rss_bytes")),
+            ("peak allocated (MiB)", mib("peak_allocated_bytes")),
+            ("peak reserved (MiB)", mib("peak_reserved_bytes")),
+            ("fragmentation (%)", None if r.get("fragmentation") is None else 100 * r["fragmentation"]),
+            ("peak reserved / LOAD", r.get("peak_reserved_over_load") if planned else None),
+            ("address stability (%)", 100 * r["address_stability"] if planned else None),
+            ("plan hit rate (%)", 100 * r["plan_hit_rate"] if planned else None),
+            ("final loss", r["final_loss"]),
+        ]
 
-    rows = [
-        ("mean step time", lambda r: f"{1000 * r['mean_step_seconds']:.1f} ms"),
-        ("peak RSS", lambda r: _mib(r["peak_rss_bytes"])),
-        ("peak allocated", lambda r: _mib(r.get("peak_allocated_bytes"))),
-        ("peak reserved", lambda r: _mib(r.get("peak_reserved_bytes"))),
-        ("fragmentation", lambda r: pct(r.get("fragmentation"))),
-        ("peak reserved / LOAD", lambda r: "n/a" if not r.get("peak_reserved_over_load")
-         else f"{r['peak_reserved_over_load']:.3f}"),
-        ("address stability", lambda r: pct(r.get("address_stability")) if r["mode"] == "planned" else "n/a"),
-        ("plan hit rate", lambda r: pct(r.get("plan_hit_rate")) if r["mode"] == "planned" else "n/a"),
-        ("final loss", lambda r: f"{r['final_loss']:.6f}"),
-    ]
+    def text(name: str, v) -> str:
+        if v is None:
+            return "n/a"
+        if name == "final loss":
+            return f"{v:.6f}"
+        if name == "peak reserved / LOAD":
+            return f"{v:.3f}"
+        return f"{v:.1f}"
+
     first = results["default"]
     table = Table(title=f"GPT ({first['params'] / 1e6:.1f} M params), {args.steps} CPU training steps, "
                         f"batch {args.batch} x {args.seq} tokens")
     table.add_column("")
     for _, title in DEMO_MODES:
         table.add_column(title, justify="right")
-    for name, fn in rows:
-        table.add_row(name, *(fn(results[m]) for m, _ in DEMO_MODES))
+    table_rows = {m: metrics(results[m]) for m, _ in DEMO_MODES}
+    for k, (name, _) in enumerate(table_rows["default"]):
+        table.add_row(name, *(text(name, table_rows[m][k][1]) for m, _ in DEMO_MODES))
     console.print(table)
     same = len({tuple(r["losses"]) for r in results.values()}) == 1
     console.print(f"losses bit-identical across allocators: {'yes' if same else 'NO'}")
     if args.json:
-        out = {m: {"mean_step_seconds": r["mean_step_seconds"], "peak_rss_bytes": r["peak_rss_bytes"],
-                   "peak_allocated_bytes": r.get("peak_allocated_bytes"),
-                   "peak_reserved_bytes": r.get("peak_reserved_bytes"),
-                   "fragmentation": r.get("fragmentation"),
-                   "peak_reserved_over_load": r.get("peak_reserved_over_load"),
-                   "address_stability": r.get("address_stability") if m == "planned" else None,
-                   "plan_hit_rate": r.get("plan_hit_rate") if m == "planned" else None,
-                   "final_loss": r["final_loss"], "losses": r["losses"]}
-               for m, r in results.items()}
+        out = {title: dict(table_rows[m]) for m, title in DEMO_MODES}
+        for m, title in DEMO_MODES:
+            out[title]["losses"] = results[m]["losses"]
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
     return 0 if same else 1

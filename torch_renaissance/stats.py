@@ -243,7 +243,7 @@ def export_snapshot(path: Any, device: Any = None) -> dict:
             continue
         entries.append(trace_mod.TraceEntry(
             index=len(entries), size=e["size"], stream=e["stream"], alloc_time=e["alloc_time"],
-            free_time=e["free_time"], address=e["address"]))
+            free_time=e["free_time"], streams_used=tuple(e["streams_used"]), address=e["address"]))
         offsets.append(e["address"] - base)
     tr = trace_mod.Trace(entries=entries, end_time=max(step["end_time"], 1),
                          source=f"torch_renaissance step {step['step']}")

@@ -121,7 +121,7 @@ struct TraceRecord {
   std::int64_t alloc_time = 0;
   std::int64_t free_time = -1;  // -1: still live when the step ended
   std::uintptr_t address = 0;
-  bool used_elsewhere = false;  // had a stream use on another stream
+  std::vector<StreamId> streams_used;  // other streams that used it
 };
 
 struct StepRecord {

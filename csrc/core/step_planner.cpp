@@ -120,8 +120,10 @@ void StepPlanner::on_free(Block* b) {
   }
 }
 
-void StepPlanner::on_record_stream(Block* b, StreamId) {
-  if (open_ && b->step == step_) cur_->entries[static_cast<std::size_t>(b->seq)].used_elsewhere = true;
+void StepPlanner::on_record_stream(Block* b, StreamId stream) {
+  if (!open_ || b->step != step_) return;
+  auto& uses = cur_->entries[static_cast<std::size_t>(b->seq)].uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
 bool StepPlanner::activate_territory() {
@@ -271,7 +273,7 @@ void StepPlanner::plan_step() {
     s.stream = e.stream;
     s.lower = e.t_alloc;
     if (e.t_free >= 0) {
-      s.upper = e.used_elsewhere ? T : std::max(e.t_free, e.t_alloc + 1);
+      s.upper = !e.uses.empty() ? T : std::max(e.t_free, e.t_alloc + 1);
       continue;
     }
     // A live-out: find the next previous-step live-out of the same size that
@@ -292,7 +294,7 @@ void StepPlanner::plan_step() {
       continue;
     }
     s.upper = T + t_next;
-    if (e.used_elsewhere) s.upper = std::max(s.upper, T);
+    if (!e.uses.empty()) s.upper = std::max(s.upper, T);
     if (s.upper > T) wraps = true;
   }
 
@@ -413,7 +415,7 @@ StepRecord StepPlanner::last_step() const {
   r.end_time = prev_->end_time;
   r.entries.reserve(prev_->entries.size());
   for (const Entry& e : prev_->entries) {
-    r.entries.push_back(TraceRecord{e.rounded, e.stream, e.t_alloc, e.t_free, e.address, e.used_elsewhere});
+    r.entries.push_back(TraceRecord{e.rounded, e.stream, e.t_alloc, e.t_free, e.address, e.uses});
   }
   return r;
 }

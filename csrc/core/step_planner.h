@@ -64,7 +64,7 @@ class StepPlanner {
     StreamId stream = 0;
     std::int64_t t_alloc = 0;
     std::int64_t t_free = -1;  // -1: still live at the end of the step
-    bool used_elsewhere = false;
+    std::vector<StreamId> uses;  // other streams that used it (record_stream)
     std::uintptr_t address = 0;
   };
   struct StepTrace {

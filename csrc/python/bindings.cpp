@@ -287,7 +287,7 @@ PYBIND11_MODULE(_C, m) {
                d["alloc_time"] = e.alloc_time;
                d["free_time"] = e.free_time < 0 ? py::object(py::none()) : py::int_(e.free_time);
                d["address"] = e.address;
-               d["used_elsewhere"] = e.used_elsewhere;
+               d["streams_used"] = e.streams_used;
                entries.append(d);
              }
              py::dict out;

@@ -1,0 +1,195 @@
+"""The planner through the bindings: validity on random and shared instances
+(checked by an independent reference in this file), LOAD, errors, determinism,
+and `torch-renaissance plan` (issue 3)."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from conftest import clean_env
+
+
+def pieces(lo: int, up: int, period: int):
+    """The time intervals a lifetime covers (two when it wraps a cycle)."""
+    if period and up > period:
+        return [(lo, period), (0, up - period)]
+    return [(lo, up)]
+
+
+def overlap_in_time(a, b, period) -> bool:
+    return any(x0 < y1 and y0 < x1 for x0, x1 in pieces(*a, period) for y0, y1 in pieces(*b, period))
+
+
+def check_plan(sizes, lowers, uppers, offsets, period=0, fixed=()):
+    """Independent O(n^2) validity check; returns the plan size."""
+    items = [(o, s, lo, up) for o, s, lo, up in zip(offsets, sizes, lowers, uppers)]
+    items += [tuple(f) for f in fixed]
+    n = len(sizes)
+    for i in range(len(items)):
+        oi, si, li, ui = items[i]
+        for j in range(i + 1, len(items)):
+            if i >= n and j >= n:
+                continue  # two obstacles: given, not planned
+            oj, sj, lj, uj = items[j]
+            if si and sj and overlap_in_time((li, ui), (lj, uj), period):
+                assert oi + si <= oj or oj + sj <= oi, f"buffers {i} and {j} collide"
+    return max([o + s for o, s, _, _ in items] or [0])
+
+
+def load_ref(sizes, lowers, uppers, period=0, fixed=()):
+    """LOAD by brute force over every time step."""
+    items = list(zip(sizes, lowers, uppers)) + [(s, lo, up) for _, s, lo, up in fixed]
+    horizon = max([period] + [up for _, _, up in items] + [1])
+    best = 0
+    for t in range(horizon):
+        live = sum(s for s, lo, up in items
+                   if any(a <= t < b for a, b in pieces(lo, up, period)))
+        best = max(best, live)
+    return best
+
+
+def random_instance(rng: random.Random, n: int, cyclic: bool, obstacles: int):
+    period = 40 if cyclic else 0
+    sizes, lowers, uppers = [], [], []
+    for _ in range(n):
+        lo = rng.randrange(0, 39)
+        if cyclic and rng.random() < 0.3:
+            up = lo + rng.randint(1, 40)  # may wrap
+        else:
+            up = rng.randint(lo + 1, 40)
+        sizes.append(rng.choice([64, 128, 512, 1000, 4096]) * rng.randint(1, 8))
+        lowers.append(lo)
+        uppers.append(up)
+    fixed = []
+    top = 0
+    for _ in range(obstacles):
+        size = rng.randint(1, 16) * 256
+        fixed.append((top + rng.randint(0, 4) * 256, size, 0, period or 40))
+        top = fixed[-1][0] + size
+    return sizes, lowers, uppers, period, fixed
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_instances_give_valid_plans_with_exact_load(C, seed):
+    rng = random.Random(seed)
+    sizes, lowers, uppers, period, fixed = random_instance(rng, rng.randint(1, 60), seed % 2 == 1, seed % 3)
+    r = C.plan(sizes, lowers, uppers, period, fixed, 0.05)
+    size = check_plan(sizes, lowers, uppers, r["offsets"], period, fixed)
+    assert r["size"] == size
+    assert r["load"] == load_ref(sizes, lowers, uppers, period, fixed)
+    assert r["load"] <= r["size"] <= r["greedy_size"]
+    g = C.greedy_by_size(sizes, lowers, uppers, period, fixed)
+    assert check_plan(sizes, lowers, uppers, g["offsets"], period, fixed) == g["size"]
+    assert C.validate(sizes, lowers, uppers, r["offsets"], period, fixed) == ""
+
+
+def test_validate_rejects_a_collision(C):
+    # Two buffers live at once placed at the same offset.
+    msg = C.validate([100, 100], [0, 1], [5, 6], [0, 0])
+    assert msg and "0" in msg and "1" in msg
+    assert C.validate([100, 100], [0, 5], [5, 6], [0, 0]) == ""  # disjoint lifetimes may share
+
+
+def test_plans_are_deterministic(C):
+    sizes, lowers, uppers, period, fixed = random_instance(random.Random(42), 200, True, 2)
+    a = C.plan(sizes, lowers, uppers, period, fixed, 0.2)
+    b = C.plan(sizes, lowers, uppers, period, fixed, 0.2)
+    assert a["offsets"] == b["offsets"] and a["method"] == b["method"]
+
+
+@pytest.mark.parametrize("sizes, lowers, uppers, period, needle", [
+    ([10], [5], [5], 0, "0"),          # upper <= lower
+    ([10], [-1], [5], 0, "0"),         # negative time
+    ([10, 10], [0, 3], [4, 2], 0, "1"),
+    ([10], [45], [50], 40, "0"),       # lower past the period
+])
+def test_malformed_problems_raise_value_error_naming_the_buffer(C, sizes, lowers, uppers, period, needle):
+    with pytest.raises(ValueError, match=needle):
+        C.plan(sizes, lowers, uppers, period)
+
+
+SMALL = ["dsa/minimalloc_A.csv", "dsa/minimalloc_C.csv", "dsa/iopddl_G_1.csv",
+         "snapshots/gpt_small_snapshot.pickle", "snapshots/gpt_medium_ctx512_inference.pickle"]
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_small_shared_instances_plan_validly(shared_data, name):
+    from torch_renaissance import trace as T
+    from torch_renaissance.planner import plan_trace
+
+    tr = T.load_trace(shared_data / name)
+    res = plan_trace(tr, budget_seconds=0.5)
+    lt = tr.lifetimes()
+    sizes, lowers, uppers = zip(*lt)
+    if len(lt) <= 2000:
+        size = check_plan(sizes, lowers, uppers, res.offsets)
+    else:  # O(n log n) sweep for the bigger ones
+        size = max(o + s for o, s in zip(res.offsets, sizes))
+    assert res.plan_bytes == size
+    assert res.load_bytes == tr.load_bytes()
+    assert res.load_bytes <= res.plan_bytes <= res.greedy_bytes
+
+
+def test_runtime_plans_are_valid(C):
+    # A recorded step with cyclic lifetimes (a "gradient" that outlives the
+    # step) and an obstacle (a block that lives across steps).
+    arena = C.Arena(C.HostDevice())
+    keep = arena.allocate(3 << 20)
+    grad = None
+    for step in range(4):
+        arena.begin_step()
+        tmp = [arena.allocate((k + 1) * 100_000) for k in range(10)]
+        if grad is not None:
+            arena.deallocate(grad)  # last step's "gradient" dies after the step began
+        for p in tmp[::2]:
+            arena.deallocate(p)
+        grad = arena.allocate(700_000)
+        for p in tmp[1::2]:
+            arena.deallocate(p)
+        arena.end_step()
+    lp = arena.last_plan()
+    assert lp["period"] > 0 and lp["fixed"], lp  # it wraps, and it has an obstacle
+    check_plan(lp["sizes"], lp["lowers"], lp["uppers"], lp["offsets"], lp["period"], lp["fixed"])
+    s = arena.stats()["renaissance"]
+    assert s["last_step_hits"] == s["last_step_allocations"] == 11
+    arena.deallocate(grad)
+    arena.deallocate(keep)
+    arena.check_invariants()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "plan", *args],
+                          capture_output=True, text=True, env=clean_env(), timeout=300)
+
+
+def test_cli_plan_json_and_png(shared_data, tmp_path):
+    from torch_renaissance import trace as T
+
+    path = shared_data / "snapshots" / "gpt_small_snapshot.pickle"
+    png = tmp_path / "plan.png"
+    r = _cli(str(path), "--json", "--budget", "0.2", "--png", str(png))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"buffers", "load_bytes", "greedy_bytes", "plan_bytes", "pytorch_reserved_bytes",
+                        "plan_seconds"}
+    tr = T.load_snapshot(path)
+    assert out["buffers"] == len(tr) and out["load_bytes"] == tr.load_bytes()
+    assert out["pytorch_reserved_bytes"] == tr.pytorch_reserved_peak
+    assert out["load_bytes"] <= out["plan_bytes"] <= out["greedy_bytes"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = _cli(str(shared_data / "dsa" / "minimalloc_C.csv"), "--json")
+    assert json.loads(r.stdout)["pytorch_reserved_bytes"] is None
+
+
+def test_cli_plan_bad_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,lower,upper,size\n0,5,3,100\n")
+    r = _cli(str(bad))
+    assert r.returncode == 2
+    assert "bad.csv:2:" in r.stderr and "upper must be > lower" in r.stderr
+    r = _cli(str(tmp_path / "missing.pickle"))
+    assert r.returncode == 2 and "missing.pickle" in r.stderr
