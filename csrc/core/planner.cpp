@@ -20,9 +20,11 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/planner_bound.h"
 #include "core/planner_greedy.h"
 #include "core/planner_improve.h"
 #include "core/planner_instance.h"
+#include "core/planner_obstacles.h"
 #include "core/planner_search.h"
 
 namespace renaissance::planner {
@@ -45,6 +47,10 @@ constexpr double kCapFactor = 2.0;
 constexpr double kCapMargin = 0.25;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
+// With fixed obstacles, the share of the search budget (what is left after
+// the constructive passes) that the branch and bound gets; the peak repair
+// by sub-search (planner_improve.h) gets the rest.
+constexpr double kObstacleSearchShare = 0.5;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -244,16 +250,20 @@ Result plan(const Problem& problem, const Options& options) {
   const std::uint64_t limit =
       static_cast<std::uint64_t>(std::min(options.budget_seconds * kUnitsPerSecond, 1e18));
   Work work(limit, options.budget_seconds * kCapFactor + kCapMargin);
-  const std::uint64_t lower_bound = std::max(inst.load, inst.fixed_top);
+  // First LOAD and the fixed top (with obstacles merged: the cheap part of
+  // planner_bound.h, on an empty budget).
+  Work no_work = work.child(0);
+  std::uint64_t lower_bound = detail::lower_bound(inst, &no_work);
 
   Placer placer(inst);
   Best best = run_greedy(inst, placer, work);
   const std::uint64_t greedy_height = best.height;
+  work.absorb(no_work);
 
   // Constructive portfolio, stopping at the lower bound. With a budget, a
   // pass runs only while the budget can pay for one (the baseline's cost);
   // with budget 0 all of them run, and no search.
-  const std::uint64_t pass_cost = work.used();
+  const std::uint64_t pass_cost = work.used() - no_work.used();
   std::vector<std::uint64_t> offs;
   for (const Constructive& c : portfolio(inst.num_free)) {
     if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
@@ -264,14 +274,39 @@ Result plan(const Problem& problem, const Options& options) {
     best.offer(h, offs, c.name);
   }
 
-  // Improvement search within the work budget.
+  // With obstacles, the per-tick gap bound (planner_bound.h) before the
+  // search, on at most a quarter of what is left (cut short, it is only
+  // weaker).
+  if (std::max(best.height, inst.fixed_top) > lower_bound && inst.num_items > inst.num_free) {
+    Work bound_work = work.child(work.left() / 4);
+    lower_bound = std::max(lower_bound, detail::lower_bound(inst, &bound_work));
+    work.absorb(bound_work);
+  }
+
+  // Improvement search within the work budget. With obstacles that leave
+  // gaps a buffer fits in, the search over the whole instance gets a share
+  // of it and the peak repair by sub-search the rest; otherwise the search
+  // and then peak repair by ruin and recreate.
+  const bool obstacles = inst.num_items > inst.num_free && detail::ObstacleMap(inst).has_gaps();
   if (std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
-    if (inst.num_free <= kSearchMaxItems) {
-      detail::search_small(inst, lower_bound, options.seed, work, best.height, best.offsets,
+    if (obstacles) {
+      if (inst.num_free <= kSearchMaxItems) {
+        Work share = work.child(
+            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kObstacleSearchShare));
+        detail::search_small(inst, lower_bound, options.seed, share, best.height, best.offsets,
+                             best.method);
+        work.absorb(share);
+      }
+      detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                            best.method);
+    } else {
+      if (inst.num_free <= kSearchMaxItems) {
+        detail::search_small(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                             best.method);
+      }
+      detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                      best.method);
     }
-    detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,
-                    best.method);
   }
 
   Result r = make_result(problem, inst, best, std::max(greedy_height, inst.fixed_top));

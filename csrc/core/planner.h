@@ -70,6 +70,8 @@ struct Result {
 };
 
 // LOAD: max over time of the sum of sizes of live buffers (fixed included).
+// (Fixed obstacles that overlap one another count once each, so LOAD is no
+// lower bound then; plan() uses its own bound, see planner_bound.h.)
 // Throws std::invalid_argument naming the first bad buffer.
 std::uint64_t load(const Problem& problem);
 
@@ -80,6 +82,8 @@ Result greedy_by_size(const Problem& problem);
 
 // The planner: constructive heuristics, then a search that repairs the
 // buffers defining the peak, within the budget; returns the best valid plan.
+// It stops early once the plan reaches a lower bound: LOAD, or with fixed
+// obstacles a per-tick bound of the gaps they leave (planner_bound.h).
 // Throws std::invalid_argument on a malformed problem.
 Result plan(const Problem& problem, const Options& options = Options{});
 

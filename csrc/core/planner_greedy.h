@@ -11,6 +11,7 @@
 //     only a safety cap.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <utility>
@@ -37,15 +38,33 @@ class Work {
     if (used_ >= limit_) return true;
     if (++polls_ % 64 == 0 && std::chrono::steady_clock::now() > deadline_) {
       limit_ = used_;  // sticky
+      expired_ = true;
       return true;
     }
     return false;
+  }
+  // A budget of at most `units` out of what is left here, with the same
+  // deadline; its use is charged back with absorb().
+  Work child(std::uint64_t units) const {
+    Work w(*this);
+    w.used_ = 0;
+    w.polls_ = 0;
+    w.limit_ = std::min(units, left());
+    return w;
+  }
+  void absorb(const Work& child) {
+    used_ += child.used_;
+    if (child.expired_) {
+      limit_ = used_;
+      expired_ = true;
+    }
   }
 
  private:
   std::uint64_t used_ = 0;
   std::uint64_t limit_;
   std::uint64_t polls_ = 0;
+  bool expired_ = false;
   std::chrono::steady_clock::time_point deadline_;
 };
 

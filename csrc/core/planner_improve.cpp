@@ -5,12 +5,22 @@
 // top lies above a random level, and re-place the removed ones with best fit
 // while all the others keep their offsets.
 //
+// repair_peaks (see planner_improve.h) frees the buffers live where the plan
+// comes near its height and re-plans them as a sub-problem in which all else
+// is a fixed obstacle.
+//
 // Invariants kept here: only strictly lower valid plans replace the input;
-// kept items never move, and removed items are re-placed by the Placer among
-// the kept ones, so every candidate plan is valid.
+// kept items never move, and removed items are re-placed by the Placer (or
+// the canonical search) among the kept ones, so every candidate plan is
+// valid; sub-problems are expressed in the instance's compressed ticks, with
+// the same overlaps as the instance.
 #include "core/planner_improve.h"
 
 #include <algorithm>
+#include <tuple>
+
+#include "core/planner_bound.h"
+#include "core/planner_search.h"
 
 namespace renaissance::planner::detail {
 namespace {
@@ -96,6 +106,292 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
         offsets = cur;
         method = "peak_repair";
       }
+    }
+  }
+}
+
+namespace {
+
+// Sub-problems over more buffers than this are cut down (see repair_peaks).
+constexpr std::uint32_t kMaxFreed = 320;
+// Neighbourhoods, from small to large: the peak ticks are those where the
+// plan's top is within `band` (a fraction of the height) of the height, then
+// widened by `radius` (a fraction of the ticks) on each side.
+struct Stage {
+  double band;
+  double radius;
+};
+constexpr Stage kStages[] = {{0.0, 0.0},   {0.005, 0.0}, {0.0, 0.02},
+                             {0.01, 0.05}, {0.02, 0.1},  {0.04, 0.2}};
+constexpr std::size_t kNumStages = sizeof(kStages) / sizeof(kStages[0]);
+
+std::uint64_t hash_marks(const std::vector<char>& marks) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the marked indices
+  for (std::size_t i = 0; i < marks.size(); ++i) {
+    if (!marks[i]) continue;
+    h = (h ^ i) * 1099511628211ull;
+  }
+  return h;
+}
+
+// A free item's lifetime in compressed ticks, as one (lower, upper) under
+// period inst.ticks: a two-piece item is [lo, ticks) + [0, hi) (cyclic
+// wrap-around). Returns false for any other shape (never built by Instance).
+bool tick_lifetime(const Instance& inst, std::uint32_t item, std::int64_t& lower,
+                   std::int64_t& upper) {
+  const Piece* p = &inst.pieces[inst.piece_begin[item]];
+  if (inst.piece_count(item) == 1) {
+    lower = p[0].lo;
+    upper = p[0].hi;
+    return true;
+  }
+  if (inst.piece_count(item) != 2) return false;
+  const Piece& first = p[0].hi == inst.ticks ? p[0] : p[1];
+  const Piece& second = p[0].hi == inst.ticks ? p[1] : p[0];
+  if (first.hi != inst.ticks || second.lo != 0 || second.hi >= first.lo) return false;
+  lower = first.lo;
+  upper = inst.ticks + second.hi;
+  return true;
+}
+
+struct SubProblem {
+  Problem problem;
+  std::vector<std::uint32_t> items;  // sub buffer k -> instance item
+};
+
+// The sub-problem freeing the items marked in `freed`: everything else that
+// overlaps them in time becomes a fixed obstacle. Its time is cut only where
+// a freed item starts or ends: a freed item live anywhere between two such
+// cuts is live across all of it, so an obstacle is stretched to the cuts
+// around it without changing which placements are valid (and obstacles that
+// become equal are merged).
+SubProblem make_sub(const Instance& inst, const std::vector<std::uint64_t>& offsets,
+                    const std::vector<char>& freed, std::vector<std::int32_t>& cuts) {
+  SubProblem sub;
+  sub.problem.period = inst.multi_piece ? inst.ticks : 0;
+  cuts.clear();
+  for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+    if (!freed[i]) continue;
+    for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+      cuts.push_back(inst.pieces[k].lo);
+      cuts.push_back(inst.pieces[k].hi);
+    }
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  // Which gaps between cuts have a freed item live: exactly those inside a
+  // freed piece (cuts include every freed piece's ends).
+  std::vector<char> live(cuts.size(), 0);
+  auto cut_index = [&](std::int32_t t) {
+    return static_cast<std::size_t>(std::lower_bound(cuts.begin(), cuts.end(), t) - cuts.begin());
+  };
+  for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+    if (!freed[i]) continue;
+    for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+      const Piece& p = inst.pieces[k];
+      for (std::size_t c = cut_index(p.lo); cuts[c] < p.hi; ++c) live[c] = 1;
+    }
+  }
+  for (std::uint32_t i = 0; i < inst.num_items; ++i) {
+    if (i < inst.num_free && freed[i]) {
+      Buffer b;
+      b.size = inst.size[i];
+      tick_lifetime(inst, i, b.lower, b.upper);
+      sub.problem.buffers.push_back(b);
+      sub.items.push_back(i);
+      continue;
+    }
+    for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+      const Piece& p = inst.pieces[k];
+      // The cut gaps the piece touches: [a, b) in cut indices.
+      std::size_t a = cut_index(p.lo);
+      if ((a == cuts.size() || cuts[a] > p.lo) && a > 0) --a;
+      std::size_t b = std::min(cut_index(p.hi), cuts.size() - 1);
+      // Keep only the stretch that meets a freed item.
+      while (a < b && !live[a]) ++a;
+      while (b > a && !live[b - 1]) --b;
+      if (a >= b || cuts[a] >= p.hi || cuts[b] <= p.lo) continue;
+      FixedBuffer f;
+      f.offset = offsets[i];
+      f.size = inst.size[i];
+      f.lower = cuts[a];
+      f.upper = cuts[b];
+      sub.problem.fixed.push_back(f);
+    }
+  }
+  auto key = [](const FixedBuffer& f) {
+    return std::make_tuple(f.lower, f.upper, f.offset, f.size);
+  };
+  std::sort(sub.problem.fixed.begin(), sub.problem.fixed.end(),
+            [&](const FixedBuffer& x, const FixedBuffer& y) { return key(x) < key(y); });
+  sub.problem.fixed.erase(
+      std::unique(sub.problem.fixed.begin(), sub.problem.fixed.end(),
+                  [&](const FixedBuffer& x, const FixedBuffer& y) { return key(x) == key(y); }),
+      sub.problem.fixed.end());
+  return sub;
+}
+
+}  // namespace
+
+void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed,
+                  Work& work, std::uint64_t& height, std::vector<std::uint64_t>& offsets,
+                  std::string& method) {
+  const std::uint32_t n = inst.num_free;
+  const std::int32_t T = inst.ticks;
+  if (n < 2 || T <= 0 || height <= lower_bound) return;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    std::int64_t lo = 0, hi = 0;
+    if (!tick_lifetime(inst, i, lo, hi)) return;  // (never: see tick_lifetime)
+  }
+  // A sub-problem repeats a kept item once per piece: keep its size sums
+  // far from the 64-bit limit Instance checks.
+  std::uint64_t total = inst.fixed_top;
+  for (std::uint32_t i = 0; i < inst.num_items; ++i) {
+    if (inst.size[i] > (std::uint64_t{1} << 60) - total) return;
+    total += inst.size[i];
+  }
+  std::uint64_t rng = seed ^ 0x9ea4c0ffeeull;
+  std::vector<std::uint64_t> top(static_cast<std::size_t>(T));
+  std::vector<std::uint32_t> sum(static_cast<std::size_t>(T) + 1);
+  std::vector<char> hot(static_cast<std::size_t>(T)), window(hot.size());
+  std::vector<std::int32_t> cuts, runs;
+  std::vector<char> freed(n);
+  std::vector<std::uint64_t> cur = offsets, sub_offs, offs;
+  std::vector<std::uint64_t> failed;  // freed sets that gave nothing at this height
+  std::size_t stage = 0, skipped = 0;
+  // Marks the free items live at a tick of `mask` within [from, to); returns
+  // how many.
+  auto free_at = [&](const std::vector<char>& mask, std::int32_t from, std::int32_t to) {
+    sum[0] = 0;
+    for (std::int32_t t = 0; t < T; ++t) {
+      sum[t + 1] = sum[t] + (t >= from && t < to && mask[t] ? 1 : 0);
+    }
+    std::uint32_t count = 0;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      freed[i] = 0;
+      for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+        if (sum[inst.pieces[k].hi] != sum[inst.pieces[k].lo]) freed[i] = 1;
+      }
+      count += freed[i];
+    }
+    work.add(static_cast<std::uint64_t>(T) + 2 * n);
+    return count;
+  };
+  while (height > lower_bound && !work.out()) {
+    // The plan's top per tick.
+    std::fill(top.begin(), top.end(), 0);
+    std::uint64_t walked = 0;
+    for (std::uint32_t i = 0; i < inst.num_items; ++i) {
+      const std::uint64_t end = cur[i] + inst.size[i];
+      for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+        for (std::int32_t t = inst.pieces[k].lo; t < inst.pieces[k].hi; ++t) {
+          top[t] = std::max(top[t], end);
+        }
+        walked += static_cast<std::uint64_t>(inst.pieces[k].hi - inst.pieces[k].lo);
+      }
+    }
+    work.add(walked / 4 + inst.num_items);
+    // The freed set: every item live in the window of this stage; too many,
+    // and it is cut to one run of the window, then to one hot tick of it.
+    const Stage& st = kStages[stage];
+    const std::uint64_t threshold =
+        height - static_cast<std::uint64_t>(st.band * static_cast<double>(height));
+    const auto radius = static_cast<std::int32_t>(st.radius * static_cast<double>(T));
+    sum[0] = 0;
+    for (std::int32_t t = 0; t < T; ++t) {
+      hot[t] = top[t] >= threshold;
+      sum[t + 1] = sum[t] + hot[t];
+    }
+    for (std::int32_t t = 0; t < T; ++t) {
+      window[t] = sum[std::min(T, t + radius + 1)] != sum[std::max(0, t - radius)];
+    }
+    std::uint32_t count = free_at(window, 0, T);
+    if (count > kMaxFreed) {
+      runs.clear();
+      for (std::int32_t t = 0; t < T; ++t) {
+        if (window[t] && (t == 0 || !window[t - 1])) runs.push_back(t);
+      }
+      const std::int32_t a = runs[mix(rng) % runs.size()];
+      std::int32_t b = a;
+      while (b < T && window[b]) ++b;
+      count = free_at(window, a, b);
+      if (count > kMaxFreed) {
+        runs.clear();
+        for (std::int32_t t = a; t < b; ++t) {
+          if (hot[t]) runs.push_back(t);
+        }
+        const std::int32_t t = runs.empty() ? a : runs[mix(rng) % runs.size()];
+        count = free_at(window, t, t + 1);
+      }
+    }
+    // A freed set that already failed at this height is skipped (until every
+    // stage in a row has been, then all are tried again with fresh seeds).
+    const std::uint64_t key = hash_marks(freed);
+    if (std::find(failed.begin(), failed.end(), key) != failed.end()) {
+      stage = (stage + 1) % kNumStages;
+      if (++skipped >= kNumStages) {
+        failed.clear();
+        skipped = 0;
+      }
+      continue;
+    }
+    skipped = 0;
+    bool progress = false;
+    if (count >= 2) {
+      const SubProblem sub = make_sub(inst, cur, freed, cuts);
+      const Instance sub_inst(sub.problem);
+      work.add(8 * (sub.problem.buffers.size() + sub.problem.fixed.size()) +
+               static_cast<std::uint64_t>(T));
+      // A slice of what is left; the search stops earlier when it reaches
+      // the sub-problem's bound.
+      Work child = work.child(std::max<std::uint64_t>(work.left() / 6, 4000000));
+      const std::uint64_t sub_lb = detail::lower_bound(sub_inst, &child);
+      if (sub_lb < height) {
+        sub_offs = initial_offsets(sub_inst);
+        for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
+          sub_offs[k] = cur[sub.items[sub_inst.buffer_of[k]]];
+        }
+        std::uint64_t sub_h =
+            std::max(detail::height(sub_inst, sub_offs), sub_inst.fixed_top);
+        std::string sub_method;
+        Placer placer(sub_inst);
+        for (const Order order : {Order::kSize, Order::kLength, Order::kPressureArea}) {
+          offs = initial_offsets(sub_inst);
+          placer.reset(offs);
+          const std::uint64_t h =
+              std::max(placer.place(make_order(sub_inst, order), offs, Fit::kBest, child),
+                       sub_inst.fixed_top);
+          if (h < sub_h) {
+            sub_h = h;
+            sub_offs = offs;
+          }
+        }
+        if (sub_h > sub_lb && !child.out()) {
+          search_small(sub_inst, sub_lb, mix(rng), child, sub_h, sub_offs, sub_method);
+        }
+        if (sub_h < height) {
+          for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
+            cur[sub.items[sub_inst.buffer_of[k]]] = sub_offs[k];
+          }
+          // Lower than the height where it was freed: lower overall, or (the
+          // freed set cut to one run) one peak fewer; both are kept.
+          const std::uint64_t h = std::max(detail::height(inst, cur), inst.fixed_top);
+          if (h < height) {
+            height = h;
+            offsets = cur;
+            method = "peak_search";
+          }
+          progress = true;
+        }
+      }
+      work.absorb(child);
+    }
+    if (progress) {
+      failed.clear();
+      stage = 0;
+    } else {
+      failed.push_back(key);
+      stage = (stage + 1) % kNumStages;
     }
   }
 }

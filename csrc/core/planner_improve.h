@@ -1,5 +1,8 @@
-// planner_improve.h - improvement search for instances too large for the
-// branch and bound: repairs the buffers that define the peak.
+// planner_improve.h - improvement searches that repair the buffers defining
+// the peak: ruin and recreate with best fit (improve, for instances too large
+// for the branch and bound), and a large-neighbourhood search whose repair
+// step is the canonical search itself (repair_peaks, for instances with fixed
+// obstacles).
 //
 // Invariants kept here: the plan passed in is only ever replaced by a valid
 // plan that is strictly lower; the search is bounded by the Work budget and
@@ -17,5 +20,20 @@ namespace renaissance::planner::detail {
 
 void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed, Work& work,
              std::uint64_t& height, std::vector<std::uint64_t>& offsets, std::string& method);
+
+// Peak repair by sub-search. Each round takes the ticks where the plan
+// reaches within a band of its height, frees every buffer live at one of
+// them, and re-plans those as a problem of their own in which everything
+// else (kept buffers at their offsets, fixed obstacles) is a fixed obstacle:
+// the obstacle-aware bound of that sub-problem first (a sub-plan can only
+// help when it is below the height), then a few best-fit passes and the
+// canonical search. A sub-plan lower than the height lowers the whole plan,
+// since every buffer reaching the band was freed. The band widens after each
+// round without progress (more buffers freed, more freedom) and narrows back
+// after progress; sub-problems over kMaxFreed buffers are cut to one run of
+// peak ticks.
+void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed,
+                  Work& work, std::uint64_t& height, std::vector<std::uint64_t>& offsets,
+                  std::string& method);
 
 }  // namespace renaissance::planner::detail

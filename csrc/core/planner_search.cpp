@@ -3,8 +3,9 @@
 // Invariants kept here: min_off_[i] is the lowest offset an unplaced item i
 // can take (above every placed item overlapping it, clear of obstacles);
 // floor_[t] never exceeds the lowest offset any unplaced item live at tick t
-// can take; total_[t] is the sum of sizes of unplaced items live at t. Every
-// change to min_off_ and floor_ is recorded on trail_ and undone in reverse.
+// can take; total_[t] is the sum of sizes of unplaced items live at t, and
+// rem_ splits it by size class. Every change to min_off_ and floor_ is
+// recorded on trail_ and undone in reverse.
 #include "core/planner_search.h"
 
 #include <algorithm>
@@ -13,11 +14,10 @@
 namespace renaissance::planner::detail {
 
 CanonicalSearch::CanonicalSearch(const Instance& inst)
-    : inst_(inst), n_(inst.num_free), ticks_(inst.ticks) {
+    : inst_(inst), n_(inst.num_free), ticks_(inst.ticks), map_(inst) {
   overlaps_.resize(n_);
   obstacles_.resize(n_);
   section_items_.resize(static_cast<std::size_t>(ticks_));
-  section_obstacles_.resize(static_cast<std::size_t>(ticks_));
   // Sweep over pieces by start: every piece still active when another starts
   // overlaps it.
   std::vector<Piece> by_lo = inst.pieces;
@@ -47,90 +47,134 @@ CanonicalSearch::CanonicalSearch(const Instance& inst)
     }
     active.push_back(p);
   }
-  auto by_off = [](const Span& a, const Span& b) {
-    return a.off != b.off ? a.off < b.off : a.end < b.end;
-  };
   for (std::uint32_t i = 0; i < n_; ++i) {
     std::vector<std::uint32_t>& o = overlaps_[i];
     std::sort(o.begin(), o.end());
     o.erase(std::unique(o.begin(), o.end()), o.end());
-    std::vector<Span>& ob = obstacles_[i];
-    std::sort(ob.begin(), ob.end(), by_off);
-    ob.erase(std::unique(ob.begin(), ob.end(),
-                         [](const Span& a, const Span& b) {
-                           return a.off == b.off && a.end == b.end;
-                         }),
-             ob.end());
-    if (!ob.empty()) any_obstacle_ = true;
+    merge_spans(obstacles_[i]);
   }
-  for (const Piece& p : inst.pieces) {
-    for (std::int32_t t = p.lo; t < p.hi; ++t) {
-      if (p.item < n_) {
-        section_items_[t].push_back(p.item);
-      } else {
-        const std::uint64_t o = inst.fixed_offset[p.item - n_];
-        section_obstacles_[t].push_back({o, o + inst.size[p.item]});
-      }
+  for (std::uint32_t i = 0; i < n_; ++i) {
+    for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+      const Piece& p = inst.pieces[k];
+      for (std::int32_t t = p.lo; t < p.hi; ++t) section_items_[t].push_back(i);
     }
   }
+  classes_ = map_.empty() ? 1 : map_.classes();
+  class_.assign(n_, 0);
+  if (!map_.empty()) {
+    for (std::uint32_t i = 0; i < n_; ++i) class_[i] = map_.class_of(inst.size[i]);
+  }
+  cache_.assign(classes_, kUnplaced);
   rank_.assign(n_, 0);
   off_.assign(n_, kUnplaced);
-  min_off_.assign(n_, 0);
-  floor_.assign(static_cast<std::size_t>(ticks_), 0);
-  total_.assign(static_cast<std::size_t>(ticks_), 0);
+  initial_min_off_.assign(n_, 0);
+  for (std::uint32_t i = 0; i < n_; ++i) initial_min_off_[i] = bump(i, 0);
+  initial_total_.assign(static_cast<std::size_t>(ticks_), 0);
+  initial_rem_.assign(static_cast<std::size_t>(ticks_) * classes_, 0);
+  initial_floor_.assign(static_cast<std::size_t>(ticks_), 0);
+  for (std::int32_t t = 0; t < ticks_; ++t) {
+    std::uint64_t m = kUnplaced;
+    for (std::uint32_t i : section_items_[t]) {
+      initial_total_[t] += inst.size[i];
+      initial_rem_[static_cast<std::size_t>(t) * classes_ + class_[i]] += inst.size[i];
+      m = std::min(m, initial_min_off_[i]);
+    }
+    initial_floor_[t] = m == kUnplaced ? 0 : m;
+  }
   const std::size_t depth = 2 * static_cast<std::size_t>(n_) + 4;
   levels_.resize(depth);
   parts_.resize(depth);
   done_.resize(depth);
   points_.resize(depth);
-  decompose_ = !inst.multi_piece;
-  cuts_.assign(static_cast<std::size_t>(ticks_), 0);
-  stamp_.assign(static_cast<std::size_t>(ticks_), 0);
+  // cuts_ counts every piece's inner tick boundaries.
+  initial_cuts_.assign(static_cast<std::size_t>(ticks_), 0);
+  for (std::uint32_t i = 0; i < n_; ++i) {
+    for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
+      const Piece& p = inst.pieces[k];
+      for (std::int32_t t = p.lo; t + 1 < p.hi; ++t) ++initial_cuts_[t];
+    }
+    initial_multi_ += inst.piece_count(i) > 1;
+  }
+  cuts_ = initial_cuts_;
+  next_.assign(static_cast<std::size_t>(ticks_) + 1, 0);
 }
 
 std::uint64_t CanonicalSearch::bump(std::uint32_t item, std::uint64_t off) const {
   const std::uint64_t size = inst_.size[item];
-  for (const Span& ob : obstacles_[item]) {
-    if (ob.end <= off) continue;
-    if (ob.off >= off + size) break;
-    off = ob.end;
-  }
+  const std::vector<Span>& ob = obstacles_[item];
+  // Merged spans: the first one ending after `off`, then the ones in the way.
+  auto it = std::upper_bound(ob.begin(), ob.end(), off,
+                             [](std::uint64_t v, const Span& s) { return v < s.end; });
+  for (; it != ob.end() && it->off < off + size; ++it) off = it->end;
   return off;
 }
 
-std::uint64_t CanonicalSearch::obstacle_bytes(std::int32_t tick, std::uint64_t from) const {
-  std::uint64_t bytes = 0;
-  for (const Span& ob : section_obstacles_[tick]) {
-    const std::uint64_t a = std::max(ob.off, from);
-    const std::uint64_t b = std::min(ob.end, capacity_);
-    if (b > a) bytes += b - a;
+bool CanonicalSearch::section_fits(std::int32_t t, std::uint64_t f, std::uint64_t& steps) {
+  if (f > capacity_ || total_[t] > capacity_ - f) return false;
+  const std::uint32_t profile = map_.profile(t);
+  if (profile == ObstacleMap::kNone) return true;
+  // Neighbouring ticks mostly share the profile and the floor: the free
+  // ranges per class are cached for the last (profile, floor).
+  if (profile != cache_profile_ || f != cache_floor_ || capacity_ != cache_capacity_) {
+    cache_profile_ = profile;
+    cache_floor_ = f;
+    cache_capacity_ = capacity_;
+    std::fill(cache_.begin(), cache_.end(), kUnplaced);
+    steps += classes_;
   }
-  return bytes;
+  // Largest class first: the bytes of classes >= c against the free ranges
+  // long enough for class c. A class with nothing new to add passes when the
+  // one above it did (its ranges are a superset).
+  const std::uint64_t* rem = rem_.data() + static_cast<std::size_t>(t) * classes_;
+  std::uint64_t need = 0;
+  for (std::uint32_t c = classes_; c-- > 0;) {
+    if (rem[c] == 0) continue;
+    need += rem[c];
+    if (cache_[c] == kUnplaced) {
+      cache_[c] = map_.usable(profile, c, f, capacity_);
+      steps += 2;  // two binary searches over a profile's few gaps
+    }
+    ++steps;
+    if (need > cache_[c]) return false;
+  }
+  return true;
 }
 
 bool CanonicalSearch::check(const std::vector<Cand>& cur, std::uint64_t off,
                             std::int32_t lo, std::int32_t hi) {
   // Unallocated floor: the lowest offset any unplaced item live at t can
   // take. `cur` is sorted by offset, so the first item covering t gives it.
-  if (++stamp_now_ == 0) {
-    std::fill(stamp_.begin(), stamp_.end(), 0);
-    stamp_now_ = 1;
-  }
+  // next_[t] skips ticks already settled (or with nothing left to place):
+  // a union-find "next open tick" with path halving, so each piece walk
+  // costs about the ticks it settles, not its length.
   std::int32_t open = 0;
-  for (std::int32_t t = lo; t < hi; ++t) open += total_[t] > 0;
-  std::uint64_t visited = 0;
+  for (std::int32_t t = lo; t < hi; ++t) {
+    const bool live = total_[t] > 0;
+    open += live;
+    next_[t] = live ? t : t + 1;
+  }
+  next_[hi] = hi;
+  auto find = [&](std::int32_t t) {
+    while (next_[t] != t) {
+      next_[t] = next_[next_[t]];
+      t = next_[t];
+    }
+    return t;
+  };
+  std::uint64_t visited = static_cast<std::uint64_t>(hi - lo);
   for (const Cand& c : cur) {
     if (open == 0) break;
     for (std::uint32_t k = inst_.piece_begin[c.item]; k < inst_.piece_begin[c.item + 1]; ++k) {
       const Piece& p = inst_.pieces[k];
-      visited += static_cast<std::uint64_t>(p.hi - p.lo);
-      for (std::int32_t t = p.lo; t < p.hi; ++t) {
-        if (stamp_[t] == stamp_now_) continue;
-        stamp_[t] = stamp_now_;
+      ++visited;
+      for (std::int32_t t = find(std::max(p.lo, lo)); t < p.hi && t < hi; t = find(t + 1)) {
+        next_[t] = t + 1;
         --open;
-        const std::uint64_t f = std::max({floor_[t], off, c.off});
-        if (f > capacity_ || total_[t] > capacity_ - f) return false;
-        if (any_obstacle_ && total_[t] + obstacle_bytes(t, f) > capacity_ - f) return false;
+        visited += 2;
+        if (!section_fits(t, std::max({floor_[t], off, c.off}), visited)) {
+          charge(visited);
+          return false;
+        }
       }
     }
   }
@@ -147,28 +191,25 @@ CanonicalSearch::Status CanonicalSearch::solve(
   work_ = &work;
   for (std::uint32_t r = 0; r < preorder.size(); ++r) rank_[preorder[r]] = r;
   std::fill(off_.begin(), off_.end(), kUnplaced);
-  std::fill(total_.begin(), total_.end(), 0);
-  for (std::uint32_t i = 0; i < n_; ++i) min_off_[i] = bump(i, 0);
-  for (std::int32_t t = 0; t < ticks_; ++t) {
-    std::uint64_t m = kUnplaced;
-    for (std::uint32_t i : section_items_[t]) {
-      total_[t] += inst_.size[i];
-      m = std::min(m, min_off_[i]);
-    }
-    floor_[t] = m == kUnplaced ? 0 : m;
-  }
+  // The state with nothing placed does not depend on the capacity or the
+  // order: it is built once (constructor) and copied.
+  total_ = initial_total_;
+  rem_ = initial_rem_;
+  min_off_ = initial_min_off_;
+  floor_ = initial_floor_;
   trail_.clear();
-  work.add(static_cast<std::uint64_t>(ticks_) + n_);
+  work.add(static_cast<std::uint64_t>(ticks_) * (2 + classes_) / 4 + n_);
   std::vector<Cand>& all = levels_[0];
   all.clear();
   for (std::uint32_t i = 0; i < n_; ++i) all.push_back({min_off_[i], rank_[i], i});
   Status status;
-  if (decompose_) {
-    std::fill(cuts_.begin(), cuts_.end(), 0);
-    for (std::uint32_t i = 0; i < n_; ++i) {
-      const Piece& p = inst_.pieces[inst_.piece_begin[i]];
-      for (std::int32_t t = p.lo; t + 1 < p.hi; ++t) ++cuts_[t];
-    }
+  // Time decomposition (see solve_parts) needs every unplaced item to be one
+  // piece: with cyclic wrap-around it starts once the last two-piece item is
+  // placed.
+  cuts_ = initial_cuts_;
+  multi_left_ = initial_multi_;
+  work.add(static_cast<std::uint64_t>(ticks_));
+  if (multi_left_ == 0) {
     std::vector<std::int32_t>& points = points_[0];
     points.clear();
     for (std::int32_t t = 0; t + 1 < ticks_; ++t) {
@@ -285,10 +326,22 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
           floor_[t] = top;
         }
         total_[t] -= size;
-        if (decompose_ && t + 1 < p.hi && --cuts_[t] == 0) points.push_back(t + 1);
+        rem_[static_cast<std::size_t>(t) * classes_ + class_[c.item]] -= size;
+        if (t + 1 < p.hi && --cuts_[t] == 0) points.push_back(t + 1);
       }
     }
     charge(overlaps_[c.item].size() + static_cast<std::uint64_t>(inst_.length(c.item)));
+    const bool multi = inst_.piece_count(c.item) > 1;
+    if (multi && --multi_left_ == 0) {
+      // The last two-piece item: every free cut in [lo, hi) is now usable.
+      points.clear();
+      for (std::int32_t t = lo; t + 1 < hi; ++t) {
+        if (cuts_[t] == 0) points.push_back(t + 1);
+      }
+      charge(static_cast<std::uint64_t>(hi - lo));
+    } else if (multi_left_ > 0) {
+      points.clear();
+    }
 
     const Status status = points.empty() ? dfs(depth + 1, cur, c.off, c.rank, lo, hi)
                                          : solve_parts(depth + 1, cur, points, lo, hi);
@@ -297,9 +350,11 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
       const Piece& p = inst_.pieces[k];
       for (std::int32_t t = p.lo; t < p.hi; ++t) {
         total_[t] += size;
-        if (decompose_ && t + 1 < p.hi) ++cuts_[t];
+        rem_[static_cast<std::size_t>(t) * classes_ + class_[c.item]] += size;
+        if (t + 1 < p.hi) ++cuts_[t];
       }
     }
+    if (multi) ++multi_left_;
     while (trail_.size() > mark) {
       const Change& ch = trail_.back();
       if (ch.kind == 0) {

@@ -11,9 +11,11 @@
 //     pre-order rank increases;
 //   * dominance: no buffer goes at or above the lowest top any unplaced
 //     buffer could reach (that buffer would fit below it);
-//   * section bounds: in each tick, the floor (lowest offset any remaining
-//     buffer there can take) plus the remaining sizes there, plus fixed
-//     bytes in the way, must fit under the capacity;
+//   * section bounds: in each tick, the remaining sizes there must fit
+//     between the floor (lowest offset any remaining buffer there can take)
+//     and the capacity; with obstacles, per size class: the remaining bytes
+//     of buffers of size >= L must fit into the free ranges above the floor
+//     that are at least L long (see planner_obstacles.h);
 //   * hatless pruning: when a placed buffer constrains nothing unplaced, its
 //     siblings need not be tried.
 //
@@ -31,6 +33,7 @@
 
 #include "core/planner_greedy.h"
 #include "core/planner_instance.h"
+#include "core/planner_obstacles.h"
 
 namespace renaissance::planner::detail {
 
@@ -71,7 +74,9 @@ class CanonicalSearch {
                      std::vector<std::int32_t>& points, std::int32_t lo, std::int32_t hi);
   std::uint64_t bump(std::uint32_t item, std::uint64_t off) const;
   bool check(const std::vector<Cand>& cur, std::uint64_t off, std::int32_t lo, std::int32_t hi);
-  std::uint64_t obstacle_bytes(std::int32_t tick, std::uint64_t from) const;
+  // The section bound of tick t above floor f (see above); adds its work
+  // to `steps`.
+  bool section_fits(std::int32_t t, std::uint64_t f, std::uint64_t& steps);
   // Counts search steps into the shared budget: the loops here are tight
   // (about 1.3 ns a step), a third of a unit.
   void charge(std::uint64_t steps) {
@@ -84,10 +89,11 @@ class CanonicalSearch {
   std::uint32_t n_ = 0;
   std::int32_t ticks_ = 0;
   std::vector<std::vector<std::uint32_t>> overlaps_;      // free-free
-  std::vector<std::vector<Span>> obstacles_;              // per item, sorted
+  std::vector<std::vector<Span>> obstacles_;              // per item, merged
   std::vector<std::vector<std::uint32_t>> section_items_; // per tick
-  std::vector<std::vector<Span>> section_obstacles_;      // per tick
-  bool any_obstacle_ = false;
+  ObstacleMap map_;                     // obstacles per tick
+  std::uint32_t classes_ = 1;           // size classes (1 without obstacles)
+  std::vector<std::uint32_t> class_;    // per free item
 
   // Search state.
   std::uint64_t capacity_ = 0;
@@ -100,6 +106,11 @@ class CanonicalSearch {
   std::vector<std::uint64_t> min_off_;
   std::vector<std::uint64_t> floor_;
   std::vector<std::uint64_t> total_;
+  std::vector<std::uint64_t> rem_;  // [t * classes_ + c]: unplaced bytes of class c at t
+  // section_fits' cache: usable bytes per class for one (profile, floor).
+  std::vector<std::uint64_t> cache_;
+  std::uint32_t cache_profile_ = ObstacleMap::kNone;
+  std::uint64_t cache_floor_ = 0, cache_capacity_ = 0;
   std::vector<Change> trail_;
   std::vector<std::vector<Cand>> levels_;  // per depth: candidates
   std::vector<Cand> kept_, raised_;        // scratch for the merge
@@ -107,9 +118,12 @@ class CanonicalSearch {
   std::vector<std::vector<std::uint32_t>> done_;  // per depth: solved parts
   std::vector<std::vector<std::int32_t>> points_;  // per depth: new cuts
   std::vector<std::uint32_t> cuts_;  // per tick t: unplaced items over t|t+1
-  bool decompose_ = false;
-  std::vector<std::uint32_t> stamp_;
-  std::uint32_t stamp_now_ = 0;
+  std::uint32_t multi_left_ = 0;     // unplaced two-piece items
+  // The search state with nothing placed (see solve()).
+  std::vector<std::uint32_t> initial_cuts_;
+  std::uint32_t initial_multi_ = 0;
+  std::vector<std::uint64_t> initial_total_, initial_rem_, initial_min_off_, initial_floor_;
+  std::vector<std::int32_t> next_;  // check(): next tick not yet settled
 };
 
 // Portfolio over the canonical search, with restarts: fixed pre-orders
