@@ -192,6 +192,40 @@ def install(device: Any = "cpu", **config: Any) -> None:
             _installed[kind] = (cfg, _cuda.install(cfg))
         else:
             raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{kind}'")
+        if cfg.planning:
+            _hint_optimizer_state()
+
+
+_optimizer_hooks: list = []
+
+
+def _set_hint(on: bool) -> None:
+    for kind in list(_installed):
+        try:
+            get_arena(kind).set_persistent_hint(on)
+        except (RuntimeError, AttributeError):
+            pass  # a device without an arena yet: nothing was recorded there
+
+
+def _hint_optimizer_state() -> None:
+    """Marks every ``optimizer.step()`` as a phase whose allocations persist.
+
+    Optimizers create their state (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``)
+    inside their first ``step()``. While a step is recorded the arena packs
+    what is allocated in that phase into a segment of its own, so that the
+    state, which outlives every step, does not end up scattered where the
+    plan of the next steps has to go around it. Uses PyTorch's global
+    optimizer step hooks (``torch.optim.optimizer``).
+    """
+    if _optimizer_hooks:
+        return
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    _optimizer_hooks.append(register_optimizer_step_pre_hook(lambda *a: _set_hint(True)))
+    _optimizer_hooks.append(register_optimizer_step_post_hook(lambda *a: _set_hint(False)))
 
 
 def _diff(old: Config, new: Config) -> str:

@@ -111,6 +111,11 @@ void Arena::empty_cache() {
   release_cached_locked();
 }
 
+void Arena::set_persistent_hint(bool on) {
+  std::lock_guard<std::mutex> g(mu_);
+  persistent_hint_ = on;
+}
+
 void Arena::sync_point() {
   std::lock_guard<std::mutex> g(mu_);
   boundary_locked();
@@ -121,9 +126,9 @@ void Arena::set_capturing(bool capturing) {
   capturing_ = capturing;
 }
 
-void Arena::begin_step() {
+void Arena::begin_step(std::uint64_t key) {
   std::lock_guard<std::mutex> g(mu_);
-  if (steps_) steps_->begin_step();
+  if (steps_) steps_->begin_step(key);
 }
 
 void Arena::end_step() {
@@ -176,7 +181,7 @@ std::size_t Arena::block_size(void* ptr) const {
 std::size_t Arena::largest_free_block() const {
   std::lock_guard<std::mutex> g(mu_);
   std::size_t best = 0;
-  for (const FreeSet* s : {&small_free_, &large_free_}) {
+  for (const FreeSet* s : {&small_free_, &large_free_, &persistent_free_}) {
     for (const Block* b : *s) best = std::max(best, b->size);
   }
   return best;
@@ -230,15 +235,24 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   // next steps around them, instead of fragmenting small segments for good.
   const bool recording = steps_ && steps_->recording() && config_.expandable_segments && ranges_ok_;
   const PoolKind pool = recording ? PoolKind::kLarge : pool_for(rounded);
+  // Likewise what the optimizer creates while a step is recorded goes to its
+  // own segment, packed (see set_persistent_hint).
+  bool persistent = recording && persistent_hint_;
+  FreeSet* set = persistent ? &persistent_free_ : (pool == PoolKind::kSmall ? &small_free_ : &large_free_);
   bool synced = false, retried = false;
   for (;;) {
-    if (Block* b = find_free_locked(pool, stream, rounded)) {
+    if (Block* b = find_free_locked(*set, stream, rounded)) {
       b = take_locked(b, rounded);
       mark_allocated_locked(b, requested, stream);
       return b;
     }
     if (!pending_.empty() && reclaim_pending_locked(stream)) continue;
-    if (grow_locked(pool, stream, rounded)) continue;
+    if (grow_locked(pool, stream, rounded, persistent)) continue;
+    if (persistent) {  // no room for a packed segment: serve it as usual
+      persistent = false;
+      set = pool == PoolKind::kSmall ? &small_free_ : &large_free_;
+      continue;
+    }
     if (!synced && !pending_.empty()) {
       // A block that only waits on another stream may be the fit: wait for
       // the pending uses on the host, then search again before anything else.
@@ -259,8 +273,7 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   }
 }
 
-Block* Arena::find_free_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
-  FreeSet& set = pool == PoolKind::kSmall ? small_free_ : large_free_;
+Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded) {
   Block key;
   key.stream = stream;
   key.size = rounded;
@@ -308,15 +321,23 @@ void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stre
   live_.emplace(b->ptr, b);
 }
 
-bool Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
-  if (config_.expandable_segments && ranges_ok_ && grow_expandable_locked(pool, stream, rounded)) {
+bool Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent) {
+  if (config_.expandable_segments && ranges_ok_ &&
+      grow_expandable_locked(pool, stream, rounded, persistent)) {
     return true;
   }
+  if (persistent) return false;  // only its own expandable segment serves it
   return new_segment_locked(pool, stream, rounded) != nullptr;
 }
 
-Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool) {
-  auto it = expandable_.find({stream, pool});
+FreeSet& Arena::free_set(const Segment* seg) {
+  if (seg->persistent) return persistent_free_;
+  return seg->pool == PoolKind::kSmall ? small_free_ : large_free_;
+}
+
+Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent) {
+  const int cls = persistent ? 3 : static_cast<int>(pool);
+  auto it = expandable_.find({stream, cls});
   if (it != expandable_.end()) return it->second;
   const std::size_t gran = device_->range_granularity();
   std::size_t bytes = config_.range_bytes;
@@ -339,10 +360,11 @@ Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool) {
   seg->capacity = bytes;
   seg->pool = pool;
   seg->expandable = true;
+  seg->persistent = persistent;
   seg->stream = stream;
   Segment* raw = seg.get();
   segments_.emplace(raw->base, std::move(seg));
-  expandable_.emplace(std::make_pair(stream, pool), raw);
+  expandable_.emplace(std::make_pair(stream, cls), raw);
   return raw;
 }
 
@@ -379,8 +401,9 @@ bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
   return true;
 }
 
-bool Arena::grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
-  Segment* seg = expandable_segment_locked(stream, pool);
+bool Arena::grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded,
+                                   bool persistent) {
+  Segment* seg = expandable_segment_locked(stream, pool, persistent);
   if (!seg) return false;
   const Block* last = seg->tail;
   const std::size_t have =
@@ -463,7 +486,7 @@ void Arena::release_segment_locked(Segment* seg) {
   if (seg->expandable) {
     if (seg->size) device_->unmap(seg->base, seg->size);
     device_->release_range(seg->base, seg->capacity);
-    expandable_.erase({seg->stream, seg->pool});
+    expandable_.erase({seg->stream, seg->persistent ? 3 : static_cast<int>(seg->pool)});
   } else {
     device_->release(seg->base, seg->size);
   }
@@ -531,7 +554,7 @@ void Arena::index_free_locked(Block* b) {
   if (seg->in_territory(b)) {
     seg->plan_free.emplace(b->ptr, b);
   } else {
-    (seg->pool == PoolKind::kSmall ? small_free_ : large_free_).insert(b);
+    free_set(seg).insert(b);
   }
   count_inactive_locked(b, +1);
 }
@@ -541,7 +564,7 @@ void Arena::unindex_free_locked(Block* b) {
   if (seg->in_territory(b)) {
     seg->plan_free.erase(b->ptr);
   } else {
-    (seg->pool == PoolKind::kSmall ? small_free_ : large_free_).erase(b);
+    free_set(seg).erase(b);
   }
   count_inactive_locked(b, -1);
 }
@@ -828,7 +851,7 @@ void Arena::check_invariants() const {
   auto fail = [](const std::string& m) { throw std::logic_error("arena invariant: " + m); };
   std::int64_t allocated = 0, allocated_n = 0, requested = 0, active = 0, active_n = 0;
   std::int64_t reserved = 0, segments = 0, inactive = 0, inactive_n = 0, pending = 0;
-  std::size_t free_small = 0, free_large = 0, live = 0;
+  std::size_t free_small = 0, free_large = 0, free_persistent = 0, live = 0;
   for (const auto& [base, seg] : segments_) {
     if (seg->size == 0) {
       if (seg->head) fail("an empty segment has blocks");
@@ -859,9 +882,9 @@ void Arena::check_invariants() const {
           auto f = seg->plan_free.find(b->ptr);
           if (f == seg->plan_free.end() || f->second != b) fail("territory free block not indexed");
         } else {
-          const FreeSet& s = seg->pool == PoolKind::kSmall ? small_free_ : large_free_;
+          const FreeSet& s = const_cast<Arena*>(this)->free_set(seg.get());
           if (!s.count(const_cast<Block*>(b))) fail("free block not in the best-fit index");
-          (seg->pool == PoolKind::kSmall ? free_small : free_large)++;
+          (seg->persistent ? free_persistent : seg->pool == PoolKind::kSmall ? free_small : free_large)++;
         }
         if (b->prev || b->next) {
           inactive += size;
@@ -889,7 +912,8 @@ void Arena::check_invariants() const {
     if (seg_live != seg->live) fail("segment live count is wrong");
     if (plan_free != seg->plan_free.size()) fail("stale entries in a territory index");
   }
-  if (free_small != small_free_.size() || free_large != large_free_.size()) {
+  if (free_small != small_free_.size() || free_large != large_free_.size() ||
+      free_persistent != persistent_free_.size()) {
     fail("stale entries in the best-fit index");
   }
   if (live != live_.size()) fail("live map has entries without blocks");

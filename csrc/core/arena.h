@@ -152,9 +152,17 @@ class Arena {
   void empty_cache();
   // A boundary for stream uses: one event per (region, stream) group.
   void sync_point();
+  // Hint that the allocations that follow are likely to outlive the step
+  // (an optimizer step creating its state). While a step is being recorded,
+  // such allocations go to a segment of their own, so the blocks that
+  // persist are packed together instead of scattered where the plan of the
+  // next steps has to go around them. Ignored while a plan replays.
+  void set_persistent_hint(bool on);
 
   // Planned steps: mark the start and the end of a step.
-  void begin_step();
+  // `key` names the kind of step (e.g. an architecture's forward, a
+  // training step): layouts and variants are only matched within one key.
+  void begin_step(std::uint64_t key = 0);
   void end_step();
   bool in_step() const;
 
@@ -191,12 +199,13 @@ class Arena {
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
   Block* allocate_dynamic_locked(std::size_t requested, std::size_t rounded, StreamId stream);
-  Block* find_free_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  Block* find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded);
   Block* take_locked(Block* b, std::size_t rounded);  // b is free and unindexed
-  bool grow_locked(PoolKind pool, StreamId stream, std::size_t rounded);
-  bool grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  bool grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
+  bool grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
   Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded);
-  Segment* expandable_segment_locked(StreamId stream, PoolKind pool);
+  Segment* expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent = false);
+  FreeSet& free_set(const Segment* seg);
   bool map_tail_locked(Segment* seg, std::size_t bytes);
   void trim_tail_locked(Segment* seg);
   void release_segment_locked(Segment* seg);
@@ -241,9 +250,12 @@ class Arena {
   std::deque<Block> block_storage_;
   std::vector<Block*> spare_blocks_;
   std::map<char*, std::unique_ptr<Segment>> segments_;  // by base address
-  std::map<std::pair<StreamId, PoolKind>, Segment*> expandable_;
+  // Expandable segments by (stream, class): 1 small pool, 2 large pool,
+  // 3 the persistent segment of recorded optimizer steps.
+  std::map<std::pair<StreamId, int>, Segment*> expandable_;
   bool ranges_ok_;
-  FreeSet small_free_, large_free_;
+  FreeSet small_free_, large_free_, persistent_free_;
+  bool persistent_hint_ = false;
   std::unordered_map<const void*, Block*> live_;
 
   DeviceStats stats_;

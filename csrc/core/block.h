@@ -69,6 +69,7 @@ struct Segment {
   std::size_t plan_top = 0;
   std::map<char*, Block*> plan_free;
   bool retire = false;       // release to the device once it is wholly free
+  bool persistent = false;   // holds what a recorded step's optimizer made
 
   bool in_territory(const Block* b) const { return b->ptr < base + plan_top; }
   bool wholly_free() const {
