@@ -17,7 +17,7 @@ import contextlib
 import functools
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Hashable, Iterator, List, Optional, TypeVar
 
 import torch
 
@@ -25,15 +25,28 @@ from torch_renaissance.allocator import get_arena
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_local = threading.local()
+_keys: dict = {}
+_keys_lock = threading.Lock()
+
+
+def _key_id(key: Hashable) -> int:
+    """A stable small integer for a step key (0 is the default key)."""
+    if key is None:
+        return 0
+    with _keys_lock:
+        return _keys.setdefault(key, len(_keys) + 1)
 
 
 @contextlib.contextmanager
-def step(device: Any = None) -> Iterator[None]:
+def step(device: Any = None, key: Hashable = None) -> Iterator[None]:
     """Marks one step of a loop on ``device``'s arena.
 
     Args:
         device: as for :func:`torch_renaissance.memory_stats`.
+        key: names the kind of step when one program runs several (a training
+            step and an evaluation step, or the forwards of different models):
+            steps are recorded, planned and matched per key, so they do not
+            take each other for variants. Any hashable; default: one kind.
 
     Raises:
         RuntimeError: torch_renaissance is not installed for ``device``, or
@@ -44,24 +57,28 @@ def step(device: Any = None) -> Iterator[None]:
         raise RuntimeError("torch_renaissance.step(): a step is already open on this arena "
                            "(steps do not nest; with `torch-renaissance run`, optimizer steps "
                            "already mark them)")
-    arena.begin_step()
+    arena.begin_step(_key_id(key))
     try:
         yield
     finally:
         arena.end_step()
 
 
-def planned(fn: Optional[F] = None, *, device: Any = None):
+def planned(fn: Optional[F] = None, *, device: Any = None, key: Hashable = None):
     """Decorator: every call of ``fn`` is one planned step.
 
-    Usable as ``@planned`` or ``@planned(device="cuda")``. The first two calls
-    are recorded (served by the dynamic pool); from the third call on, the
-    allocations replay at planned, stable addresses.
+    Usable as ``@planned`` or ``@planned(device="cuda", key="eval")``. The
+    first two calls are recorded (served by the dynamic pool); from the third
+    call on, the allocations replay at planned, stable addresses. ``key``
+    defaults to the function itself, so two decorated functions are planned
+    apart.
     """
     def wrap(f: F) -> F:
+        k = key if key is not None else f
+
         @functools.wraps(f)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            with step(device):
+            with step(device, k):
                 return f(*args, **kwargs)
 
         return inner  # type: ignore[return-value]

@@ -25,7 +25,7 @@ bool StepPlanner::switch_layout(std::size_t i, std::size_t rounded, StreamId str
   std::uint64_t best_use = 0;
   for (const Variant& v : variants_) {
     Layout* l = v.layout;
-    if (l == active_ || (best && v.last_used <= best_use)) continue;
+    if (v.key != key_ || l == active_ || (best && v.last_used <= best_use)) continue;
     if (!fits(*l, i, rounded, stream)) continue;
     bool ok = true;
     for (std::size_t j = 0; ok && j < i; ++j) {
@@ -109,14 +109,19 @@ void StepPlanner::on_allocated(Block* b) {
 
 void StepPlanner::on_free(Block* b) {
   if (b->step == 0) return;
-  if (!open_) {
-    if (b->step == step_) between_frees_.push_back(b->seq);
-    return;
-  }
-  if (b->step == step_) {
+  if (open_ && b->step == step_) {
     cur_->entries[static_cast<std::size_t>(b->seq)].t_free = clock_++;
-  } else if (b->step + 1 == step_) {
+  } else if (open_ && prev_ && b->step == prev_->step) {
     cur_->livein_frees.emplace_back(b->seq, clock_++);
+  } else {
+    // Freed between its step and the next step of the same key (outside any
+    // step, or during a step of another key): the first events of that step.
+    for (auto& [key, trace] : last_by_key_) {
+      if (trace->step == b->step) {
+        trace->later_frees.push_back(b->seq);
+        break;
+      }
+    }
   }
 }
 
@@ -139,24 +144,29 @@ bool StepPlanner::activate_territory() {
   return arena_.territory_segment_locked(stream, top) != nullptr;
 }
 
-void StepPlanner::begin_step() {
+void StepPlanner::begin_step(std::uint64_t key) {
   if (open_) end_step();
   open_ = true;
   ++step_;
+  key_ = key;
+  auto last = last_by_key_.find(key);
+  prev_ = last == last_by_key_.end() ? nullptr : last->second.get();
   clock_ = 0;
   missed_ = false;
   step_conflicts_ = 0;
   cur_allocations_ = cur_hits_ = cur_same_ = cur_comparable_ = 0;
   cur_ = std::make_unique<StepTrace>();
   cur_->step = step_;
-  // Frees of the last step's buffers that happened between the steps count
+  // Frees of the previous step's buffers that happened after it ended count
   // as the first events of this one.
-  for (std::int64_t seq : between_frees_) cur_->livein_frees.emplace_back(seq, clock_++);
-  between_frees_.clear();
+  if (prev_) {
+    for (std::int64_t seq : prev_->later_frees) cur_->livein_frees.emplace_back(seq, clock_++);
+    prev_->later_frees.clear();
+  }
   active_ = nullptr;
   std::uint64_t best = 0;
   for (const Variant& v : variants_) {
-    if (!active_ || v.last_used > best) {
+    if (v.key == key_ && (!active_ || v.last_used > best)) {
       active_ = v.layout;
       best = v.last_used;
     }
@@ -189,7 +199,7 @@ void StepPlanner::end_step() {
   for (const Entry& e : cur_->entries) sizes.push_back(e.rounded);
   Variant* known = nullptr;
   for (Variant& v : variants_) {
-    if (v.sizes == sizes) known = &v;
+    if (v.key == key_ && v.sizes == sizes) known = &v;
   }
   if (known) {
     known->last_used = ++use_clock_;
@@ -208,12 +218,15 @@ void StepPlanner::end_step() {
     // steps left in the dynamic pool.
     arena_.release_cached_locked();
   }
-  prev_ = std::move(cur_);
+  auto& slot = last_by_key_[key_];
+  slot = std::move(cur_);
+  last_ = slot.get();
+  prev_ = nullptr;
 }
 
 StepPlanner::Layout* StepPlanner::covering_layout() const {
   for (const auto& l : layouts_) {
-    if (l->slots.size() != cur_->entries.size()) continue;
+    if (l->key != key_ || l->slots.size() != cur_->entries.size()) continue;
     bool ok = true;
     for (std::size_t i = 0; ok && i < l->slots.size(); ++i) {
       const Slot& s = l->slots[i];
@@ -228,9 +241,9 @@ StepPlanner::Layout* StepPlanner::covering_layout() const {
 void StepPlanner::remember_variant(Layout* layout, std::vector<std::size_t> sizes) {
   // Register the variant, evicting the least recently used beyond the limit.
   auto known = std::find_if(variants_.begin(), variants_.end(),
-                            [&](const Variant& v) { return v.sizes == sizes; });
+                            [&](const Variant& v) { return v.key == key_ && v.sizes == sizes; });
   if (known == variants_.end()) {
-    variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_});
+    variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_, key_});
   } else {
     known->layout = layout;
     known->last_used = ++use_clock_;
@@ -301,7 +314,7 @@ void StepPlanner::plan_step() {
   // Same structure as a kept layout: merge (max sizes, union of lifetimes).
   Layout* target = nullptr;
   for (auto& l : layouts_) {
-    if (l->slots.size() != slots.size()) continue;
+    if (l->key != key_ || l->slots.size() != slots.size()) continue;
     bool same = true;
     for (std::size_t i = 0; same && i < slots.size(); ++i) same = l->slots[i].stream == slots[i].stream;
     if (same) target = l.get();
@@ -375,6 +388,7 @@ void StepPlanner::plan_step() {
   layout->slots = std::move(slots);
   layout->period = period;
   layout->horizon = horizon;
+  layout->key = key_;
   layout->stream = stream;
   layout->top = 0;
   for (std::size_t k = 0; k < index.size(); ++k) {
@@ -410,11 +424,11 @@ void StepPlanner::plan_step() {
 
 StepRecord StepPlanner::last_step() const {
   StepRecord r;
-  if (!prev_) return r;
-  r.step = prev_->step;
-  r.end_time = prev_->end_time;
-  r.entries.reserve(prev_->entries.size());
-  for (const Entry& e : prev_->entries) {
+  if (!last_) return r;
+  r.step = last_->step;
+  r.end_time = last_->end_time;
+  r.entries.reserve(last_->entries.size());
+  for (const Entry& e : last_->entries) {
     r.entries.push_back(TraceRecord{e.rounded, e.stream, e.t_alloc, e.t_free, e.address, e.uses});
   }
   return r;

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -44,7 +45,7 @@ class StepPlanner {
   void on_free(Block* b);
   void on_record_stream(Block* b, StreamId stream);
 
-  void begin_step();
+  void begin_step(std::uint64_t key);
   void end_step();
   bool in_step() const { return open_; }
   // A step is open and served by the dynamic pool (no plan, or it diverged).
@@ -72,6 +73,7 @@ class StepPlanner {
     std::vector<Entry> entries;
     std::int64_t end_time = 0;
     std::vector<std::pair<std::int64_t, std::int64_t>> livein_frees;  // (prev seq, time)
+    std::vector<std::int64_t> later_frees;  // its seqs freed after it ended, before its key's next step
   };
   struct Slot {
     std::size_t size = 0;
@@ -91,11 +93,13 @@ class StepPlanner {
     std::size_t obstacles = 0; // bytes of obstacles in the problem
     std::size_t persistent = 0;  // live bytes outside the step at plan time
     int conflict_streak = 0;
+    std::uint64_t key = 0;     // the kind of step it plans
   };
   struct Variant {
     Layout* layout = nullptr;
     std::vector<std::size_t> sizes;
     std::uint64_t last_used = 0;
+    std::uint64_t key = 0;
   };
 
   bool fits(const Layout& l, std::size_t i, std::size_t rounded, StreamId stream) const;
@@ -110,9 +114,13 @@ class StepPlanner {
   bool open_ = false;
   bool replaying_ = false;
   std::uint64_t step_ = 0;
+  std::uint64_t key_ = 0;  // key of the open (or last) step
   std::int64_t clock_ = 0;
-  std::unique_ptr<StepTrace> cur_, prev_;
-  std::vector<std::int64_t> between_frees_;  // seqs of step_ freed after it ended
+  std::unique_ptr<StepTrace> cur_;
+  // The last completed step of each key, and the one of the open step's key.
+  std::map<std::uint64_t, std::unique_ptr<StepTrace>> last_by_key_;
+  StepTrace* prev_ = nullptr;
+  StepTrace* last_ = nullptr;  // the last completed step, any key
   std::vector<std::unique_ptr<Layout>> layouts_;
   std::vector<Variant> variants_;
   Layout* active_ = nullptr;
