@@ -213,6 +213,7 @@ def worker(config: str) -> dict:
 def run_all(outdir: str, timeout: float) -> dict:
     import torch
 
+    t_start = time.monotonic()
     results = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
@@ -251,7 +252,27 @@ def run_all(outdir: str, timeout: float) -> dict:
     old.update(results)
     with open(path, "w") as f:
         json.dump(old, f, indent=2)
+    # Model slots (issue 7): only in the time the three configurations were
+    # given (3 x timeout, which run_all.sh keeps inside the step's limit) and
+    # did not use; its result never changes this script's exit status.
+    old["model_slots"] = _model_slots(3 * timeout + 10 - (time.monotonic() - t_start))
+    with open(path, "w") as f:
+        json.dump(old, f, indent=2)
     return old
+
+
+def _model_slots(seconds: float) -> dict:
+    """``benchmarks/bench_model_slots.py``'s GPU check, guarded."""
+    if seconds < 60:
+        return {"skipped": f"only {seconds:.0f} s of this run's budget left"}
+    print(f"== model slots: running (timeout {seconds - 5:.0f} s)", flush=True)
+    try:
+        sys.path.insert(0, os.path.dirname(HERE))
+        from bench_model_slots import gpu_check
+
+        return gpu_check(timeout=seconds - 5)
+    except Exception as e:  # noqa: BLE001 - reported in the table, not fatal
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def _cell(r, keys: tuple, fmt) -> str:
@@ -308,6 +329,12 @@ def table(results: dict) -> str:
     vmm = cfgs.get("renaissance", {}).get("vmm")
     if vmm:
         out.append(f"torch_renaissance expandable segments: {vmm}")
+    ms = results.get("model_slots")
+    if isinstance(ms, dict):
+        if "table" in ms:
+            out += ["", "Model slots (benchmarks/bench_model_slots.py)", ms["table"]]
+        else:
+            out.append(f"model slots: {ms.get('skipped') or 'FAILED ' + str(ms.get('error'))}")
     return "\n".join(out)
 
 
