@@ -4,7 +4,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-DEPS   := torch==2.13.0 setuptools wheel pybind11 ninja rich pytest pytest-benchmark hypothesis numpy matplotlib
+# Off this project's machines, a CPU-only torch wheel needs PyTorch's index:
+#   make TORCH_INDEX="--extra-index-url https://download.pytorch.org/whl/cpu" test
+TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
+DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark hypothesis numpy matplotlib
+SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
 .PHONY: venv build demo test test-fast bench check-cuda clean
@@ -12,15 +17,20 @@ export MAX_JOBS ?= 2
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_INDEX) $(TORCH)
 	$(PIP) install -q $(DEPS)
 	touch $@
 
 venv: $(VENV)/.deps
 
 # Builds the extension and installs the package (editable: the compiled
-# torch_renaissance/_C*.so lands next to the sources).
-build: venv
+# torch_renaissance/_C*.so lands next to the sources); again only when a
+# C++ source or the build files changed.
+$(VENV)/.built: $(VENV)/.deps $(SOURCES)
 	$(PIP) install -q --no-build-isolation -e .
+	touch $@
+
+build: $(VENV)/.built
 
 demo: build
 	$(VENV)/bin/torch-renaissance demo

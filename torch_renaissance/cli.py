@@ -53,19 +53,34 @@ def _print_report(rep: dict, out) -> None:
     print("\n".join(lines), file=out, flush=True)
 
 
+def _print_script_error(e: BaseException, script: str) -> None:
+    """Prints a traceback starting at the script's own frames (as ``python SCRIPT``)."""
+    import traceback
+
+    tb = e.__traceback__
+    target = os.path.abspath(script)
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb or e.__traceback__)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import torch_renaissance as tr
 
     devices = ["cpu"]
     if args.cuda:
         devices.append("cuda")
-    for d in devices:
-        tr.install(d)
-    steps = tr.auto_steps(devices)
     script = args.script
     if not os.path.exists(script):
         print(f"torch-renaissance run: no such script: {script}", file=sys.stderr)
         return 2
+    try:
+        for d in devices:
+            tr.install(d)
+    except (ValueError, RuntimeError, ImportError) as e:
+        print(f"torch-renaissance run: {e}", file=sys.stderr)
+        return 2
+    steps = tr.auto_steps(devices)
     sys.argv = [script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
@@ -75,13 +90,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
-    except BaseException:  # the script's own error: show it like python would
-        import traceback
-
-        traceback.print_exc()
+    except BaseException as e:  # the script's own error: show it like python would
+        _print_script_error(e, script)
         code = 1
     finally:
         times = tr.stop_auto_steps() or steps.times
+        # The first interval runs from the install to the first optimizer step:
+        # imports, model building, the first step. Steps are counted from it,
+        # the mean step time without it.
         reports = [tr.stats.report(d, times) for d in devices]
         for rep in reports:
             _print_report(rep, sys.stderr)
@@ -203,11 +219,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "pytorch_reserved_bytes": tr_.pytorch_reserved_peak,
         "plan_seconds": res.seconds,
     }
+    png_error = None
     if args.png:
-        trace_mod.plot_plan(tr_, res.offsets, args.png, title=os.path.basename(args.trace))
+        try:
+            trace_mod.plot_plan(tr_, res.offsets, args.png, title=os.path.basename(args.trace))
+        except ImportError as e:
+            png_error = str(e)
+    if png_error:
+        print(f"torch-renaissance plan: --png: {png_error}", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
-        return 0
+        return 2 if png_error else 0
 
     def vs(n):
         return "" if n is None or not res.load_bytes else f"  ({100 * (n / res.load_bytes - 1):+.2f}% vs LOAD)"
@@ -219,9 +241,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"torch_renaissance  {_mib(res.plan_bytes)}{vs(res.plan_bytes)}  [{res.method}]")
     print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
     print(f"planning time      {res.seconds:.3f} s")
-    if args.png:
+    if args.png and not png_error:
         print(f"packing drawn to   {args.png}")
-    return 0
+    return 2 if png_error else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
