@@ -64,10 +64,12 @@ def _convert(key: str, value: Any) -> Any:
     """Converts one config value, raising ValueError naming the key."""
     try:
         if key in ("max_reserved_mb", "max_reserved_bytes", "max_variants", "plan_budget_ms"):
-            if isinstance(value, bool):
-                raise ValueError
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ValueError  # a float byte count is a mistake, not something to round
             number = int(value, 0) if isinstance(value, str) else int(value)
-            if number < 0 or (key == "max_variants" and number < 1):
+            limit = {"max_reserved_mb": 1 << 43, "max_reserved_bytes": 1 << 63,
+                     "max_variants": 1 << 20, "plan_budget_ms": 3_600_000}[key]
+            if number < 0 or number > limit or (key == "max_variants" and number < 1):
                 raise ValueError
             return number
         if key in ("expandable_segments", "planning"):
@@ -257,6 +259,8 @@ def get_arena(device: Any = None):
     if device is None:
         device = "cuda" if "cuda" in _installed else "cpu"
     dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dev.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{dev.type}'")
     if dev.type not in _installed:
         raise RuntimeError(f"torch_renaissance is not installed for '{dev.type}': call "
                            f"torch_renaissance.install('{dev.type}') first")

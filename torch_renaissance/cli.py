@@ -90,6 +90,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
+    except KeyboardInterrupt as e:
+        _print_script_error(e, script)
+        code = 130  # as python does on Ctrl-C
     except BaseException as e:  # the script's own error: show it like python would
         _print_script_error(e, script)
         code = 1
@@ -210,7 +213,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"torch-renaissance plan: {e}", file=sys.stderr)
         return 2
-    res = plan_trace(tr_, budget_seconds=args.budget)
+    try:
+        res = plan_trace(tr_, budget_seconds=args.budget)
+    except (ValueError, TypeError, OverflowError) as e:
+        print(f"torch-renaissance plan: {args.trace}: cannot plan: {e}", file=sys.stderr)
+        return 2
     out = {
         "buffers": len(tr_),
         "load_bytes": res.load_bytes,
@@ -246,6 +253,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 2 if png_error else 0
 
 
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 3600.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torch-renaissance", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -268,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("plan", help="plan a recorded trace and compare")
     q.add_argument("trace")
-    q.add_argument("--budget", type=float, default=1.0, help="search budget in seconds")
+    q.add_argument("--budget", type=_budget, default=1.0, help="search budget in seconds (0-3600)")
     q.add_argument("--png", metavar="PATH", help="draw the packing (address x time)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(fn=cmd_plan)

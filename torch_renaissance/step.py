@@ -17,6 +17,7 @@ import contextlib
 import functools
 import threading
 import time
+import weakref
 from typing import Any, Callable, Hashable, Iterator, List, Optional, TypeVar
 
 import torch
@@ -94,6 +95,7 @@ class _AutoSteps:
         self.times: List[float] = []
         self._last = time.perf_counter()
         self._handle = None
+        self._marker: Optional[weakref.ref] = None
 
     def start(self) -> None:
         for a in self.arenas:
@@ -105,6 +107,15 @@ class _AutoSteps:
         self._handle = register_optimizer_step_post_hook(self._boundary)
 
     def _boundary(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # With several optimizers (a GAN, separate parameter groups) one
+        # iteration steps each of them: the first optimizer seen marks the
+        # boundary, so that one step is one iteration.
+        if self._marker is None:
+            self._marker = weakref.ref(optimizer)
+        elif self._marker() is not optimizer:
+            if self._marker() is not None:
+                return
+            self._marker = weakref.ref(optimizer)
         now = time.perf_counter()
         self.times.append(now - self._last)
         self._last = now

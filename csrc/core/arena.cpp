@@ -27,18 +27,33 @@ std::string hex(const void* p) {
 
 }  // namespace
 
+namespace {
+Device& checked(const std::shared_ptr<Device>& d) {
+  if (!d) throw std::invalid_argument("Arena needs a device backend, got none");
+  return *d;
+}
+}  // namespace
+
 Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config)
     : device_(std::move(device)),
       config_(config),
-      unit_(device_->alignment()),
-      ranges_ok_(device_->supports_address_ranges()),
-      events_(*device_),
+      unit_(checked(device_).alignment()),
+      ranges_ok_(device_ && device_->supports_address_ranges()),
+      events_(checked(device_)),
       pending_(*device_, events_) {
   if (unit_ == 0 || (unit_ & (unit_ - 1)) != 0) {
     throw std::invalid_argument("device alignment must be a power of two");
   }
   if (config_.small_size % unit_ || config_.small_segment < config_.small_size) {
     throw std::invalid_argument("small_segment must be at least small_size, a multiple of the alignment");
+  }
+  if (config_.large_segment < config_.small_size || config_.round_large == 0 ||
+      config_.round_large % unit_ || config_.min_large_alloc == 0) {
+    throw std::invalid_argument("large_segment must be larger than small_size and the rounding a "
+                                "positive multiple of the alignment");
+  }
+  if (!(config_.plan_budget_seconds >= 0.0) || config_.plan_budget_seconds > 3600.0) {
+    throw std::invalid_argument("plan_budget_seconds must be in [0, 3600]");
   }
   if (config_.planning) steps_ = std::make_unique<StepPlanner>(*this);
 }
@@ -100,6 +115,11 @@ void Arena::record_stream(void* ptr, StreamId stream) {
   std::lock_guard<std::mutex> g(mu_);
   Block* b = live_block_locked(ptr, "record_stream on");
   if (stream == b->stream) return;
+  if (!device_->valid_stream(stream)) {
+    throw std::invalid_argument("torch_renaissance: record_stream on stream " +
+                                std::to_string(stream) + ", which " + device_->name() +
+                                " does not have");
+  }
   if (std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
   b->uses.push_back(stream);
   if (steps_) steps_->on_record_stream(b, stream);
@@ -386,6 +406,10 @@ bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
     unindex_free_locked(last);
     last->size += bytes;
   } else {
+    // A free block that gains a neighbour stops being a wholly free
+    // segment: take it out of the counts while its links change.
+    Block* relink = last && last->state == BlockState::kFree ? last : nullptr;
+    if (relink) unindex_free_locked(relink);
     Block* nb = new_block();
     nb->ptr = seg->base + seg->size;
     nb->size = bytes;
@@ -394,6 +418,7 @@ bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
     nb->prev = last;
     if (last) last->next = nb; else seg->head = nb;
     seg->tail = nb;
+    if (relink) index_free_locked(relink);
     last = nb;
   }
   seg->size += bytes;
@@ -466,9 +491,13 @@ void Arena::trim_tail_locked(Segment* seg) {
   if (seg->size == 0) stats_.sub(stats_.segment, seg->pool, 1);
   last->size -= bytes;
   if (last->size == 0) {
-    seg->tail = last->prev;
-    if (last->prev) last->prev->next = nullptr; else seg->head = nullptr;
+    Block* prev = last->prev;
+    Block* relink = prev && prev->state == BlockState::kFree ? prev : nullptr;
+    if (relink) unindex_free_locked(relink);  // it may become the whole segment
+    seg->tail = prev;
+    if (prev) prev->next = nullptr; else seg->head = nullptr;
     recycle_block(last);
+    if (relink) index_free_locked(relink);
   } else {
     index_free_locked(last);
   }
@@ -480,8 +509,10 @@ void Arena::release_segment_locked(Segment* seg) {
     recycle_block(seg->head);
   }
   stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(seg->size));
-  if (seg->size) stats_.sub(stats_.segment, seg->pool, 1);
-  ++stats_.num_device_free;
+  if (seg->size) {
+    stats_.sub(stats_.segment, seg->pool, 1);
+    ++stats_.num_device_free;
+  }
   if (territory_ == seg) territory_ = nullptr;
   if (seg->expandable) {
     if (seg->size) device_->unmap(seg->base, seg->size);
@@ -502,6 +533,8 @@ std::size_t Arena::release_cached_locked() {
       const std::size_t before = seg->size;
       trim_tail_locked(seg.get());
       released += before - seg->size;
+      // An empty one gives its address range back too (streams come and go).
+      if (seg->size == 0 && seg.get() != territory_) wholly_free.push_back(seg.get());
     } else if (seg->wholly_free() && seg.get() != territory_) {
       wholly_free.push_back(seg.get());
     }
@@ -624,7 +657,10 @@ void Arena::boundary_locked() {
     // Planned blocks with stream uses: release them into the territory now;
     // the next placement there makes its stream wait for the epoch event.
     std::vector<std::pair<StreamId, EventId>> events;
-    auto blocks = pending_.release_region(Region::kPlanned, events);
+    Segment* t = territory_;
+    auto blocks = pending_.release_region(
+        Region::kPlanned, [t](const Block* b) { return b->segment == t && t->in_territory(b); },
+        events);
     for (auto& [stream, event] : events) epoch_.push_back(EpochEvent{stream, event, {}});
     release_blocks_locked(blocks);
   }
@@ -712,6 +748,13 @@ void retile(Segment* seg, std::size_t top, Unindex unindex, Index index, Split s
 
 void Arena::promote_locked(Segment* seg, std::size_t top) {
   if (territory_ && territory_ != seg) demote_locked();
+  // The line may not cut a live or pending block: move it to that block's end.
+  for (Block* b = seg->head; b; b = b->next) {
+    char* line = seg->base + top;
+    if (b->state != BlockState::kFree && b->ptr < line && line < b->ptr + b->size) {
+      top = static_cast<std::size_t>(b->ptr + b->size - seg->base);
+    }
+  }
   retile(
       seg, top, [&](Block* b) { unindex_free_locked(b); }, [&](Block* b) { index_free_locked(b); },
       [&](Block* b, std::size_t first) { split_locked(b, first); },

@@ -181,6 +181,11 @@ class Arena {
   std::size_t block_size(void* ptr) const;
   // Throws std::logic_error describing the first broken invariant; for tests.
   void check_invariants() const;
+
+  // fork() safety (pthread_atfork): hold the lock across the fork so the
+  // child never inherits it held by a thread that does not exist there.
+  void lock_for_fork() { mu_.lock(); }
+  void unlock_after_fork() { mu_.unlock(); }
   // Capture mode (a CUDA graph capture or another private-pool window is
   // open on the device): while on, the arena records, queries, waits on and
   // synchronizes no event and gives no memory back to the device (no event

@@ -62,6 +62,9 @@ class Device {
   virtual void unmap(void* /*ptr*/, std::size_t /*bytes*/) {}
 
   // --- streams and events -------------------------------------------------
+  // False for a stream id this backend can never record on (checked when a
+  // stream use is registered, so a bad id fails there and not later).
+  virtual bool valid_stream(StreamId /*stream*/) const { return true; }
   virtual EventId create_event() = 0;
   virtual void destroy_event(EventId event) = 0;
   virtual void record_event(EventId event, StreamId stream) = 0;

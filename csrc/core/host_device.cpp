@@ -2,6 +2,7 @@
 #include "core/host_device.h"
 
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,6 +48,16 @@ void HostRanges::release_range(void* base, std::size_t bytes) {
 }
 
 bool HostRanges::map(void* ptr, std::size_t bytes) {
+  // mprotect on a MAP_NORESERVE range commits nothing, so the kernel's
+  // overcommit heuristic never sees the request: refuse what it would refuse
+  // for malloc (one request larger than RAM + swap), as PyTorch's default
+  // CPU allocator would fail.
+  struct sysinfo si;
+  if (sysinfo(&si) == 0) {
+    const unsigned long long limit =
+        (static_cast<unsigned long long>(si.totalram) + si.totalswap) * si.mem_unit;
+    if (bytes > limit) return false;
+  }
   return mprotect(ptr, bytes, PROT_READ | PROT_WRITE) == 0;
 }
 

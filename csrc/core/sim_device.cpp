@@ -93,6 +93,11 @@ bool SimDevice::event_done_locked(const Event& e) const {
   return !e.recorded || streams_[e.stream].completed >= e.position;
 }
 
+bool SimDevice::valid_stream(StreamId stream) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return stream < streams_.size();
+}
+
 EventId SimDevice::create_event() {
   std::lock_guard<std::mutex> g(mu_);
   EventId id = ++next_event_;

@@ -58,6 +58,7 @@ class SimDevice final : public Device {
   bool map(void* ptr, std::size_t bytes) override;
   void unmap(void* ptr, std::size_t bytes) override;
 
+  bool valid_stream(StreamId stream) const override;
   EventId create_event() override;
   void destroy_event(EventId event) override;
   void record_event(EventId event, StreamId stream) override;

@@ -43,7 +43,8 @@ bool StepPlanner::switch_layout(std::size_t i, std::size_t rounded, StreamId str
 }
 
 Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
-  if (!open_ || !replaying_) return nullptr;
+  // During a CUDA-graph capture no event may be waited on: no replay then.
+  if (!open_ || !replaying_ || arena_.capturing_) return nullptr;
   const std::size_t i = cur_->entries.size();
   ++stats_.requests;
   if (!fits(*active_, i, rounded, stream) && !switch_layout(i, rounded, stream)) {
@@ -276,6 +277,11 @@ void StepPlanner::plan_step() {
   std::vector<std::pair<std::int64_t, std::int64_t>> died(cur.livein_frees);
   std::sort(died.begin(), died.end());
 
+  // The planned territory belongs to the stream of the step's first
+  // allocation (the compute stream). Allocations on other streams stay in
+  // their streams' own pools: reusing one stream's memory on another needs
+  // an event, which the dynamic pool's per-stream segments already avoid.
+  const StreamId stream = cur.entries.empty() ? 0 : cur.entries.front().stream;
   std::vector<Slot> slots(cur.entries.size());
   std::size_t next = 0;  // cursor into `died` (ordered by the previous step's seq)
   bool wraps = false;
@@ -285,6 +291,10 @@ void StepPlanner::plan_step() {
     s.size = e.rounded;
     s.stream = e.stream;
     s.lower = e.t_alloc;
+    if (e.stream != stream) {
+      s.dynamic = true;
+      continue;
+    }
     if (e.t_free >= 0) {
       s.upper = !e.uses.empty() ? T : std::max(e.t_free, e.t_alloc + 1);
       continue;
@@ -340,6 +350,12 @@ void StepPlanner::plan_step() {
     horizon = P;
   }
   const std::int64_t period = wraps ? horizon : 0;
+  // This step's live blocks that are planned slots (they die early in the
+  // next step); every other live or pending block is in the way.
+  auto wraps_next_step = [&](const Block* b) {
+    return b->state == BlockState::kAllocated && b->step == step_ && b->seq >= 0 &&
+           static_cast<std::size_t>(b->seq) < slots.size() && !slots[b->seq].dynamic;
+  };
 
   // The problem: planned slots, plus the live blocks of the target segment
   // that are not this step's live-outs as obstacles.
@@ -351,7 +367,6 @@ void StepPlanner::plan_step() {
     problem.buffers.push_back(planner::Buffer{slots[i].size, slots[i].lower, slots[i].upper});
     index.push_back(i);
   }
-  StreamId stream = cur.entries.empty() ? 0 : cur.entries.front().stream;
   Segment* seg = nullptr;
   if (arena_.config_.expandable_segments && arena_.ranges_ok_) {
     seg = arena_.expandable_segment_locked(stream, PoolKind::kLarge);
@@ -361,8 +376,7 @@ void StepPlanner::plan_step() {
   std::size_t obstacle_bytes = 0;
   if (seg) {
     for (Block* b = seg->head; b; b = b->next) {
-      if (b->state == BlockState::kFree) continue;
-      if (b->step == step_) continue;  // this step's live-outs are slots
+      if (b->state == BlockState::kFree || wraps_next_step(b)) continue;
       problem.fixed.push_back(planner::FixedBuffer{
           static_cast<std::size_t>(b->ptr - seg->base), b->size, 0, horizon});
       obstacle_bytes += b->size;
@@ -370,7 +384,7 @@ void StepPlanner::plan_step() {
   }
   std::size_t persistent = 0;
   for (const auto& [ptr, b] : arena_.live_) {
-    if (b->step != step_) persistent += b->size;
+    if (!wraps_next_step(b)) persistent += b->size;
   }
   if (problem.buffers.empty()) return;
 

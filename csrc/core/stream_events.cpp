@@ -1,6 +1,8 @@
 // stream_events.cpp - see stream_events.h for the invariants.
 #include "core/stream_events.h"
 
+#include <algorithm>
+
 namespace renaissance {
 
 EventPool::~EventPool() {
@@ -33,17 +35,22 @@ void PendingGroups::add(Block* block, Region region) {
 
 std::size_t PendingGroups::seal_all() {
   std::size_t recorded = 0;
-  for (auto& [key, blocks] : open_) {
-    if (blocks.empty()) continue;
-    EventId e = events_.get();
-    device_.record_event(e, key.use);
-    ++recorded;
-    sealed_[key].push_back(SealedGroup{e, std::move(blocks)});
-    blocks.clear();
-    ++sealed_count_;
+  for (auto it = open_.begin(); it != open_.end();) {
+    if (!it->second.empty()) {
+      EventId e = events_.get();
+      try {
+        device_.record_event(e, it->first.use);
+      } catch (...) {
+        events_.put(e);  // the group stays open; nothing leaks
+        throw;
+      }
+      ++recorded;
+      sealed_[it->first].push_back(SealedGroup{e, std::move(it->second)});
+      ++sealed_count_;
+      --open_count_;
+    }
+    it = open_.erase(it);
   }
-  open_.clear();
-  open_count_ = 0;
   return recorded;
 }
 
@@ -89,18 +96,23 @@ std::vector<Block*> PendingGroups::release_by_waiting(Region region, StreamId st
 }
 
 std::vector<Block*> PendingGroups::release_region(
-    Region region, std::vector<std::pair<StreamId, EventId>>& events) {
+    Region region, const std::function<bool(const Block*)>& inside,
+    std::vector<std::pair<StreamId, EventId>>& events) {
   std::vector<Block*> out;
   for (auto it = sealed_.begin(); it != sealed_.end();) {
-    if (it->first.region != region) {
-      ++it;
-      continue;
+    auto& q = it->second;
+    if (it->first.region == region) {
+      for (auto g = q.begin(); g != q.end();) {
+        if (std::all_of(g->blocks.begin(), g->blocks.end(), inside)) {
+          events.emplace_back(it->first.use, g->event);
+          finish(*g, out);
+          g = q.erase(g);
+        } else {
+          ++g;  // stays sealed: released when its event completes
+        }
+      }
     }
-    for (SealedGroup& g : it->second) {
-      events.emplace_back(it->first.use, g.event);
-      finish(g, out);
-    }
-    it = sealed_.erase(it);
+    it = q.empty() ? sealed_.erase(it) : std::next(it);
   }
   return out;
 }

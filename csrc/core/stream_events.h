@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -78,9 +79,11 @@ class PendingGroups {
   // Makes `stream` wait on every sealed group of owner `stream` in `region`
   // and releases them (no host synchronization).
   std::vector<Block*> release_by_waiting(Region region, StreamId stream);
-  // Releases every sealed group of `region` and hands their events to the
-  // caller (who must wait on them or return them to the pool).
-  std::vector<Block*> release_region(Region region, std::vector<std::pair<StreamId, EventId>>& events);
+  // Releases every sealed group of `region` whose blocks all satisfy
+  // `inside` and hands their events to the caller (who must make later users
+  // of the memory wait on them, then return them to the pool).
+  std::vector<Block*> release_region(Region region, const std::function<bool(const Block*)>& inside,
+                                     std::vector<std::pair<StreamId, EventId>>& events);
   // Host-synchronizes every sealed group and releases it.
   std::vector<Block*> synchronize_all();
 

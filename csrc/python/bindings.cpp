@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "core/arena.h"
 #include "core/host_device.h"
@@ -140,24 +141,43 @@ py::list snapshot_list(const std::vector<SegmentInfo>& segs, int device) {
   return out;
 }
 
+template <typename T>
+T option(const std::string& key, py::handle v) {
+  // Exact types only: a float for a byte count, or a string for a flag, is a
+  // mistake to report, not to round or coerce.
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!py::isinstance<py::bool_>(v)) throw py::value_error("arena option '" + key + "' must be a bool");
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
+      throw py::value_error("arena option '" + key + "' must be an int");
+    }
+  }
+  try {
+    return py::cast<T>(v);
+  } catch (const py::cast_error&) {
+    throw py::value_error("arena option '" + key + "' is out of range: " +
+                          py::str(v).cast<std::string>());
+  }
+}
+
 ArenaConfig config_from(const py::kwargs& kw) {
   ArenaConfig c;
   for (auto item : kw) {
     const std::string k = py::cast<std::string>(item.first);
     py::handle v = item.second;
-    if (k == "max_reserved_bytes") c.max_reserved_bytes = py::cast<std::size_t>(v);
-    else if (k == "expandable_segments") c.expandable_segments = py::cast<bool>(v);
-    else if (k == "range_bytes") c.range_bytes = py::cast<std::size_t>(v);
+    if (k == "max_reserved_bytes") c.max_reserved_bytes = option<std::size_t>(k, v);
+    else if (k == "expandable_segments") c.expandable_segments = option<bool>(k, v);
+    else if (k == "range_bytes") c.range_bytes = option<std::size_t>(k, v);
     else if (k == "stream_policy") {
-      const std::string p = py::cast<std::string>(v);
+      const std::string p = option<std::string>(k, v);
       if (p == "defer") c.stream_policy = StreamPolicy::kDefer;
       else if (p == "wait") c.stream_policy = StreamPolicy::kWait;
       else throw py::value_error("stream_policy must be 'defer' or 'wait', got '" + p + "'");
-    } else if (k == "planning") c.planning = py::cast<bool>(v);
-    else if (k == "max_variants") c.max_variants = py::cast<std::size_t>(v);
-    else if (k == "plan_budget_seconds") c.plan_budget_seconds = py::cast<double>(v);
-    else if (k == "small_segment") c.small_segment = py::cast<std::size_t>(v);
-    else if (k == "large_segment") c.large_segment = py::cast<std::size_t>(v);
+    } else if (k == "planning") c.planning = option<bool>(k, v);
+    else if (k == "max_variants") c.max_variants = option<std::size_t>(k, v);
+    else if (k == "plan_budget_seconds") c.plan_budget_seconds = option<double>(k, v);
+    else if (k == "small_segment") c.small_segment = option<std::size_t>(k, v);
+    else if (k == "large_segment") c.large_segment = option<std::size_t>(k, v);
     else throw py::value_error("unknown arena option '" + k + "'");
   }
   return c;

@@ -5,6 +5,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -82,6 +84,14 @@ std::shared_ptr<Arena> install_cpu_allocator(const ArenaConfig& config) {
   r.arena = std::make_shared<Arena>(std::make_shared<HostDevice>(), config);
   r.allocator = std::make_unique<CpuArenaAllocator>(*r.arena);
   g_arena.store(r.arena.get(), std::memory_order_release);
+  // A fork while another thread allocates must not leave the child with the
+  // arena's lock held forever.
+  static std::once_flag atfork;
+  std::call_once(atfork, [] {
+    pthread_atfork([] { if (Arena* a = g_arena.load()) a->lock_for_fork(); },
+                   [] { if (Arena* a = g_arena.load()) a->unlock_after_fork(); },
+                   [] { if (Arena* a = g_arena.load()) a->unlock_after_fork(); });
+  });
   // Priority 1 wins over the default CPU allocator (registered at 0).
   c10::SetCPUAllocator(r.allocator.get(), /*priority=*/1);
   return r.arena;
