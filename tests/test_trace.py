@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -425,6 +426,164 @@ def test_not_a_snapshot_dict(tmp_path, obj, fragment):
     assert "shape.pickle" in str(info.value) and fragment in str(info.value)
 
 
+def test_deeply_nested_pickle_is_refused_not_a_segfault(tmp_path):
+    # Regression: a 200 KB pickle whose dict key is a tuple nested 200k deep crashed the
+    # process (CPython's tuple hash recurses in C). Run in a child so a crash fails one test.
+    path = tmp_path / "deep.pickle"
+    n = 200_000
+    path.write_bytes(b"\x80\x02}" + b")" + b"\x85" * n + b"K\x01s.")
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('t', sys.argv[1])\n"
+        "t = importlib.util.module_from_spec(spec); sys.modules['t'] = t\n"
+        "spec.loader.exec_module(t)\n"
+        "try:\n"
+        "    t.load_trace(sys.argv[2])\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    trace_py = Path(T.__file__)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(trace_py), str(path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    message = done.stdout
+    assert "deep.pickle" in message and "refusing to load" in message
+    assert "nests containers 201 levels deep, more than the 200 allowed" in message
+
+
+def _deep_lists(n):
+    return b"\x80\x02" + b"]" * n + b"a" * (n - 1) + b"."
+
+
+def _deep_dicts(n):  # {0: {0: ... {} ...}} built with SETITEM
+    return b"\x80\x02" + b"}K\x00" * n + b"}" + b"s" * n + b"."
+
+
+def _open_marks(n):
+    return b"\x80\x02" + b"(" * n + b"N."
+
+
+def _deep_through_the_memo(n):
+    # L = [] is memoized empty, then filled with a tuple 150 deep; tuples around copies of L
+    # read back from the memo must count L's depth when they are built, not its depth at PUT.
+    return b"\x80\x04]\x94" + b")" + b"\x85" * 150 + b"a0" + b"h\x00" + b"\x85" * (n - 151) + b"."
+
+
+@pytest.mark.parametrize(
+    "build", [_deep_lists, _deep_dicts, _open_marks, _deep_through_the_memo],
+    ids=lambda build: build.__name__,
+)
+def test_nesting_deeper_than_the_limit_is_refused(tmp_path, build):
+    limit = T._PICKLE_MAX_DEPTH
+    assert 20 < limit < 255
+    for depth, ok in ((limit - 1, True), (limit + 1, False), (50_000, False)):
+        path = tmp_path / f"nested_{depth}.pickle"
+        path.write_bytes(build(depth))
+        if ok:
+            with pytest.raises(ValueError, match="not a PyTorch memory snapshot"):
+                T.load_snapshot(path)  # read fine; not a snapshot dict
+            continue
+        with pytest.raises(ValueError, match=f"nested_{depth}.pickle: refusing") as info:
+            T.load_snapshot(path)
+        assert f"more than the {limit} allowed" in str(info.value)
+
+
+def test_nesting_of_real_snapshots_is_far_below_the_limit(monkeypatch):
+    path = _need(SNAPSHOTS / "gpt_ctx128_train_step.pickle")
+    monkeypatch.setattr(T, "_PICKLE_MAX_DEPTH", 10)
+    T._check_pickle_structure(path.read_bytes())  # real files nest 7 levels
+    monkeypatch.setattr(T, "_PICKLE_MAX_DEPTH", 5)
+    with pytest.raises(T._BadPickle, match="more than the 5 allowed"):
+        T._check_pickle_structure(path.read_bytes())
+
+
+def test_pickle_scan_memory_does_not_grow_with_the_opcode_count(tmp_path, monkeypatch):
+    import tracemalloc
+
+    # 400 KB of NONE, POP: 400k opcodes, nothing kept.
+    data = b"\x80\x02" + b"N0" * 200_000 + b"N."
+    tracemalloc.start()
+    try:
+        T._check_pickle_structure(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024
+    # Items that stay on the stack are capped, memo indices are bounded by the file size.
+    monkeypatch.setattr(T, "_PICKLE_MAX_STACK", 1000)
+    path = tmp_path / "pushes.pickle"
+    path.write_bytes(b"\x80\x02" + b"N" * 1001 + b".")
+    with pytest.raises(ValueError, match="more than 1000 items on the unpickling stack"):
+        T.load_snapshot(path)
+    path.write_bytes(b"\x80\x02" + b"N" * 1000 + b"(t.")
+    with pytest.raises(ValueError, match="not a PyTorch memory snapshot"):
+        T.load_snapshot(path)
+    path = tmp_path / "memo.pickle"  # the C unpickler would size its memo to 2**33 entries
+    path.write_bytes(b"\x80\x02Nr\xff\xff\xff\xff.")
+    with pytest.raises(ValueError, match="memo index 4294967295, out of range"):
+        T.load_snapshot(path)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b"\x80\x02N)R.", "opcode REDUCE"),  # a call without a global: not plain data
+        (b"\x80\x02}N)b.", "opcode BUILD"),
+        (b"\x80\x02\x82\x01.", "opcode EXT1"),
+        (b"\x80\x02h\x05.", "not a readable pickle"),  # memo entry never set
+        (b"\x80\x02t.", "not a readable pickle"),  # TUPLE without MARK
+        (b"\x80\x02a.", "not a readable pickle"),  # stack underflow
+        (b"\x80\x04\x8e\xff\xff\xff\xff\xff\xff\xff\x7f", "not a readable pickle"),  # 2**63 B
+    ],
+)
+def test_pickles_that_are_not_plain_data_are_refused_by_the_scan(tmp_path, content, fragment):
+    path = tmp_path / "odd.pickle"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="odd.pickle") as info:
+        T.load_snapshot(path)
+    assert fragment in str(info.value)
+
+
+def test_snapshot_sizes_the_planner_cannot_take_are_refused(tmp_path):
+    # Regression: sizes >= 2**64 loaded and failed later in the planner bindings.
+    huge = 2**70
+    block = {"size": 512, "state": "active_allocated", "requested_size": huge}
+    cases = [
+        ([_alloc(0x1000, 8), _alloc(0x2000, huge)], [], "device_traces[0][1]", "'size'"),
+        ([_alloc(0x1000, 2**63, "free_completed")], [], "device_traces[0][0]", "'size'"),
+        ([], [{"address": 0, "total_size": 512, "blocks": [block]}],
+         "segments[0]['blocks'][0]", "'requested_size'"),
+        ([], [{"address": 0, "total_size": huge, "blocks": []}], "segments[0]", "'total_size'"),
+        ([_alloc(0x1000, -(10**5000))], [], "device_traces[0][0]", "negative integer of"),
+    ]
+    for events, segments, where, fragment in cases:
+        path = _write_pickle(tmp_path / "huge.pickle",
+                             {"segments": segments, "device_traces": [events]})
+        with pytest.raises(ValueError) as info:
+            T.load_snapshot(path)
+        message = str(info.value)
+        assert "huge.pickle" in message and where in message and fragment in message
+    edge = _write_pickle(tmp_path / "edge.pickle",
+                         {"segments": [], "device_traces": [[_alloc(0x1000, 2**63 - 1)]]})
+    assert T.load_snapshot(edge).entries[0].size == 2**63 - 1
+    # Keys too long to print do not hide the file name.
+    path = _write_pickle(tmp_path / "keys.pickle", {10**5000: 1, (1, 10**5000): 2})
+    with pytest.raises(ValueError, match="keys.pickle: top level"):
+        T.load_snapshot(path)
+
+
+def test_trace_entry_bounds():
+    assert T.TraceEntry(0, 2**63 - 1, 0, 2**62 - 2, 2**62 - 1).size == 2**63 - 1
+    for kwargs in (dict(size=2**63), dict(size=1, alloc_time=2**62),
+                   dict(size=1, free_time=2**62)):
+        with pytest.raises(ValueError, match=r"2\*\*6"):
+            T.TraceEntry(0, **kwargs)
+    with pytest.raises(ValueError, match="end_time"):
+        T.Trace([], 2**62)
+
+
 def _alloc(addr, size, action="alloc"):
     return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": []}
 
@@ -710,6 +869,55 @@ def test_csv_not_utf8(tmp_path):
     path = tmp_path / "binary.csv"
     path.write_bytes(b"id,lower,upper,size\n\xff\xfe\n")
     with pytest.raises(ValueError, match="binary.csv"):
+        T.load_csv(path)
+
+
+@pytest.mark.parametrize(
+    "row, fragment",
+    [
+        (f"1,0,4,{2**70}", f"size must be < 2**63, got {2**70}"),
+        (f"1,0,4,{2**63}", "size must be < 2**63"),
+        (f"1,0,{2**64},8", "upper must be < 2**62"),
+        (f"1,0,{2**62},8", "upper must be < 2**62"),
+        (f"{2**63},0,4,8", "id must be < 2**63"),
+        ("1,0,4," + "9" * 5000, "size must be < 2**63, got a 5000-digit number"),
+        ("1,-" + "9" * 5000 + ",4,8", "lower must be >= 0, got a 5000-digit negative number"),
+        ("1,0,4," + "7" * 5000 + "x", "size must be an integer, got '777"),
+    ],
+    ids=["size_2e70", "size_2e63", "upper_2e64", "upper_2e62", "id_2e63", "5000_digits",
+         "5000_digits_negative", "5000_digits_not_an_integer"],
+)
+def test_csv_values_out_of_range_name_file_and_line(tmp_path, row, fragment):
+    # Regression: huge values loaded (then failed in the planner bindings), and numbers of
+    # more than 4300 digits gave Python's int-limit error without the file and line.
+    path = tmp_path / "range.csv"
+    path.write_text(f"id,lower,upper,size\n0,0,1,8\n{row}\n")
+    with pytest.raises(ValueError) as info:
+        T.load_csv(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:3: ") and fragment in message
+    assert len(message) < 300
+
+
+def test_csv_bounds_are_inclusive_below_the_limits(tmp_path):
+    path = tmp_path / "edge.csv"
+    path.write_text(f"id,lower,upper,size\n{2**63 - 1},{2**62 - 2},{2**62 - 1},{2**63 - 1}\n"
+                    f"1,0,4,{'0' * 5000}12\n")
+    trace = T.load_csv(path)
+    assert trace.lifetimes() == [(2**63 - 1, 2**62 - 2, 2**62 - 1), (12, 0, 4)]
+    assert trace.end_time == 2**62 - 1
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_csv_universal_newlines(tmp_path, newline):
+    # Regression: CR-only files (old Mac) read as one line: "the header lacks ... size".
+    lines = ["# comment", "id,lower,upper,size", "0,0,4,100", "", "1,2,5,8"]
+    path = tmp_path / "lines.csv"
+    path.write_bytes(newline.join(lines).encode() + newline.encode())
+    trace = T.load_csv(path)
+    assert trace.lifetimes() == [(100, 0, 4), (8, 2, 5)]
+    path.write_bytes(newline.join(lines + ["2,3,3,1"]).encode())
+    with pytest.raises(ValueError, match=f"{path}:6: upper must be > lower"):
         T.load_csv(path)
 
 

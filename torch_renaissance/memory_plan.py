@@ -17,8 +17,11 @@ Invariants kept here:
 
 * After :meth:`MemoryPlan.finalize`, every slot offset and every region offset
   is a multiple of ``alignment`` (256 bytes by default), regions are contiguous
-  (region ``i + 1`` starts where region ``i`` ends) and slots of one region
-  never overlap.
+  (region ``i + 1`` starts where region ``i`` ends), slots of one region
+  never overlap and the total size fits in int64.
+* ``alignment`` is a multiple of every slot's dtype item size (checked by
+  :meth:`Region.add_slot`), so every slot can be viewed as its dtype; shapes
+  are tuples of non-negative ``int``.
 * A finalized plan is immutable; :meth:`MemoryPlan.digest` is a sha256 of a
   canonical JSON description, so it depends only on the layout (names, offsets,
   sizes, shapes, dtypes, alignment), never on Python hash seeds, dict order or
@@ -33,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
 
@@ -50,11 +54,29 @@ __all__ = [
 #: Default alignment of slot and region offsets, in bytes.
 DEFAULT_ALIGNMENT = 256
 
+# Largest size (in bytes or elements) a tensor can have: sizes are int64 in torch.
+_INT64_MAX = (1 << 63) - 1
+
 _FORMAT = "torch_renaissance.memory_plan/1"
 
 
 def _align_up(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
+
+
+def _as_int(value: Any) -> int | None:
+    """Return ``value`` as an ``int`` if it is an integer, else ``None``.
+
+    Accepts ``int``, NumPy integers and integer 0-d tensors (``operator.index``);
+    refuses ``bool`` and whatever ``int()`` would truncate or parse (``2.7``,
+    ``"3"``).
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -144,8 +166,9 @@ class Region:
 
         Args:
             name: slot name, unique in this region.
-            shape: shape of the slot's typed view (non-negative sizes).
-            dtype: dtype of the typed view.
+            shape: shape of the slot's typed view (non-negative integer sizes).
+            dtype: dtype of the typed view; its item size must divide the plan's
+                ``alignment``, so that every slot can be viewed as its dtype.
             nbytes: capacity in bytes; defaults to ``prod(shape) * itemsize``
                 and must not be smaller than that.
 
@@ -154,23 +177,50 @@ class Region:
 
         Raises:
             RuntimeError: if the plan is already finalized.
-            ValueError: if the name is taken, a size is negative or ``nbytes``
-                is too small for ``shape``/``dtype``.
+            ValueError: if the name is taken, a size in ``shape`` is negative,
+                not an integer (``2.7``) or past int64, ``nbytes`` is not an
+                integer or is too small for ``shape``/``dtype``, or the plan's
+                alignment is smaller than ``dtype``'s item size.
         """
         self._plan._check_mutable()
         if not isinstance(name, str):
             raise TypeError(f"slot name must be str, got {type(name).__name__}")
         if name in self._slots:
             raise ValueError(f"region {self.name!r} already has a slot named {name!r}")
-        shape = tuple(int(s) for s in shape)
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise TypeError(
+                f"slot {name!r}: shape must be a sequence of ints, got {type(shape).__name__}"
+            ) from None
+        checked = tuple(_as_int(s) for s in dims)
+        for given, dim in zip(dims, checked):
+            if dim is None:
+                raise ValueError(
+                    f"slot {name!r}: shape {dims!r} has a non-integer size {given!r}"
+                )
+        shape = checked
         if any(s < 0 for s in shape):
             raise ValueError(f"slot {name!r}: negative size in shape {shape}")
+        if any(s > _INT64_MAX for s in shape):
+            raise ValueError(f"slot {name!r}: a size in shape {shape} does not fit in int64")
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"slot {name!r}: dtype must be a torch.dtype, got {dtype!r}")
+        alignment = self._plan.alignment
+        if alignment % dtype.itemsize:
+            raise ValueError(
+                f"slot {name!r}: the plan's alignment of {alignment} B is smaller than the "
+                f"{dtype.itemsize} B items of {_dtype_name(dtype)}, so the slot could not be "
+                f"viewed as {_dtype_name(dtype)}; use MemoryPlan(alignment="
+                f"{max(alignment, dtype.itemsize)}) or more"
+            )
         needed = math.prod(shape) * dtype.itemsize
         if nbytes is None:
             nbytes = needed
-        nbytes = int(nbytes)
+        checked_nbytes = _as_int(nbytes)
+        if checked_nbytes is None:
+            raise ValueError(f"slot {name!r}: nbytes must be an integer, got {nbytes!r}")
+        nbytes = checked_nbytes
         if nbytes < needed:
             raise ValueError(
                 f"slot {name!r}: nbytes={nbytes} is smaller than shape {shape} of "
@@ -253,7 +303,8 @@ class MemoryPlan:
 
     Args:
         alignment: alignment of every slot and region offset, in bytes (a power
-            of two, at least 1). Default: 256.
+            of two, at least 1, and at least the item size of every slot's
+            dtype). Default: 256.
 
     Example::
 
@@ -328,6 +379,11 @@ class MemoryPlan:
 
         Returns:
             ``self``, for chaining.
+
+        Raises:
+            ValueError: if the plan's total size does not fit in int64 (the
+                size of the flat tensor :meth:`materialize` allocates); the plan
+                then stays unfinalized.
         """
         if self._finalized:
             return self
@@ -335,6 +391,11 @@ class MemoryPlan:
         for region in self._regions.values():
             region._layout(cursor, self.alignment)
             cursor += region.nbytes
+        if cursor > _INT64_MAX:
+            raise ValueError(
+                f"MemoryPlan: total size {cursor} bytes does not fit in int64 (at most "
+                f"2**63 - 1 bytes); a tensor that large cannot be allocated"
+            )
         self._nbytes = cursor
         self._finalized = True
         return self

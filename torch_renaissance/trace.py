@@ -18,10 +18,17 @@ Invariants kept here:
 * Loading a file never executes code from it: :class:`_SafeUnpickler` refuses every global
   (``find_class``) and every persistent id, so a pickle can only build dicts, lists, tuples,
   strings, numbers, bytes and sets.
+* Before unpickling, the file's opcodes are scanned without building anything
+  (:func:`_check_pickle_structure`): containers nested deeper than :data:`_PICKLE_MAX_DEPTH`
+  levels are refused, so building, hashing or printing the loaded data cannot overflow the C
+  stack (CPython's tuple hash recurses in C), and absurd memo indices are refused, so the
+  unpickler never sizes its memo from the file.
 * Malformed input raises :class:`ValueError` naming the file and the line (CSV) or the event /
   segment index (snapshot). A loader returns a whole trace or raises: never a partial one.
-* In every trace, ``0 <= alloc_time <= free_time <= end_time`` (``free_time`` may be ``None``:
-  live at the end of the window) and ``size >= 0``.
+* In every trace, ``0 <= alloc_time <= free_time <= end_time < 2**62`` (``free_time`` may be
+  ``None``: live at the end of the window) and ``0 <= size < 2**63``, so every trace can be
+  passed to the planner (sizes are ``uint64`` there, times ``int64`` with room for the sum of
+  two times).
 * LOAD (:meth:`Trace.load_bytes`) treats lifetimes as half-open: a buffer freed at ``t`` and
   one allocated at ``t`` are never live together. Sizes are requested bytes, also for the
   blocks a snapshot knows only from its ``segments`` (see :func:`from_snapshot`).
@@ -31,11 +38,15 @@ Invariants kept here:
 from __future__ import annotations
 
 import bisect
+import io
 import operator
 import os
 import pickle
+import pickletools
 import re
+import reprlib
 import tempfile
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -65,6 +76,11 @@ _MIN_BLOCK_SIZE = 512
 # Pickle protocol of exported files. MemoryViz.js's unpickler reads protocols 2 to 4 only.
 _EXPORT_PROTOCOL = 4
 
+#: Sizes in bytes are below this (``uint64`` in the planner, ``int64`` in PyTorch).
+_SIZE_LIMIT = 1 << 63
+#: Logical times are below this (``int64`` in the planner, with room for ``lower + period``).
+_TIME_LIMIT = 1 << 62
+
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 _CSV_COLUMNS = ("id", "lower", "upper", "size")
 _ACTIVE_STATES = ("active_allocated", "active_pending_free")
@@ -72,6 +88,23 @@ _ACTIVE_STATES = ("active_allocated", "active_pending_free")
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fmt_int(value: int) -> str:
+    """``str(value)``, also for integers too long for ``str`` (``sys.int_info`` digit limit)."""
+    if value.bit_length() > 128:
+        return f"a{' negative' if value < 0 else 'n'} integer of {value.bit_length()} bits"
+    return str(value)
+
+
+def _brief(value: Any) -> str:
+    """A short ``repr`` of a value read from a file, for error messages; never raises."""
+    if _is_int(value):
+        return _fmt_int(value)
+    try:
+        return reprlib.repr(value)
+    except Exception:  # e.g. a tuple holding an integer too long for repr
+        return f"<{type(value).__name__}>"
 
 
 def _to_int(value: Any, what: str) -> int:
@@ -96,13 +129,14 @@ class TraceEntry:
     Attributes:
         index (int): the buffer's sequence number in its source: allocation order for
             snapshots (``trace.entries[i].index == i``), the ``id`` column for CSV files.
-        size (int): requested size in bytes (``>= 0``).
+        size (int): requested size in bytes (``0 <= size < 2**63``).
         stream (int): the stream that allocated it (an opaque integer, as in PyTorch's
             snapshots).
-        alloc_time (int): logical time of the allocation (``>= 0``; ``0`` is the start of the
-            window).
-        free_time (int, optional): logical time of the free; ``None`` when the buffer is still
-            live at the end of the window. The lifetime is ``[alloc_time, free_time)``.
+        alloc_time (int): logical time of the allocation (``0 <= alloc_time < 2**62``; ``0`` is
+            the start of the window).
+        free_time (int, optional): logical time of the free (``< 2**62``); ``None`` when the
+            buffer is still live at the end of the window. The lifetime is
+            ``[alloc_time, free_time)``.
         streams_used (tuple of int): streams other than ``stream`` that used the buffer
             (``record_stream`` or a stream hand-off); they keep it live until their work is done.
         address (int, optional): the address recorded in the source, when it has one.
@@ -122,16 +156,24 @@ class TraceEntry:
             setattr_(self, name, _to_int(getattr(self, name), f"TraceEntry.{name}"))
         if self.index < 0:
             raise ValueError(f"TraceEntry.index must be >= 0, got {self.index}")
-        if self.size < 0:
-            raise ValueError(f"TraceEntry.size must be >= 0 bytes, got {self.size}")
-        if self.alloc_time < 0:
-            raise ValueError(f"TraceEntry.alloc_time must be >= 0, got {self.alloc_time}")
+        if not 0 <= self.size < _SIZE_LIMIT:
+            raise ValueError(
+                f"TraceEntry.size must be >= 0 and < 2**63 bytes, got {_fmt_int(self.size)}"
+            )
+        if not 0 <= self.alloc_time < _TIME_LIMIT:
+            raise ValueError(
+                f"TraceEntry.alloc_time must be >= 0 and < 2**62, got {_fmt_int(self.alloc_time)}"
+            )
         if self.free_time is not None:
             setattr_(self, "free_time", _to_int(self.free_time, "TraceEntry.free_time"))
             if self.free_time < self.alloc_time:
                 raise ValueError(
-                    f"TraceEntry {self.index}: free_time {self.free_time} is before "
+                    f"TraceEntry {self.index}: free_time {_fmt_int(self.free_time)} is before "
                     f"alloc_time {self.alloc_time}"
+                )
+            if self.free_time >= _TIME_LIMIT:
+                raise ValueError(
+                    f"TraceEntry.free_time must be < 2**62, got {_fmt_int(self.free_time)}"
                 )
         setattr_(
             self,
@@ -153,8 +195,9 @@ class Trace:
     Attributes:
         entries (list of TraceEntry): the buffers. Plans are lists of offsets in the same
             order: ``offsets[i]`` belongs to ``entries[i]``.
-        end_time (int): logical time at the end of the window; buffers never freed are live
-            until then. Every ``alloc_time`` and ``free_time`` is ``<= end_time``.
+        end_time (int): logical time at the end of the window (``< 2**62``); buffers never
+            freed are live until then. Every ``alloc_time`` and ``free_time`` is
+            ``<= end_time``.
         source (str, optional): where the trace came from (a file path), for messages.
         pytorch_reserved_peak (int, optional): PyTorch's caching allocator's peak reserved
             bytes during the window, from the snapshot's ``segment_*`` events; ``None`` when
@@ -174,6 +217,8 @@ class Trace:
     def __post_init__(self) -> None:
         self.entries = list(self.entries)
         self.end_time = _to_int(self.end_time, "Trace.end_time")
+        if self.end_time >= _TIME_LIMIT:
+            raise ValueError(f"Trace.end_time must be < 2**62, got {_fmt_int(self.end_time)}")
         for e in self.entries:
             if not isinstance(e, TraceEntry):
                 raise TypeError(f"Trace.entries must hold TraceEntry, got {type(e).__name__}")
@@ -264,23 +309,248 @@ class _SafeUnpickler(pickle.Unpickler):
         raise _RefusedGlobal(f"a persistent id ({type(pid).__name__})")
 
 
+#: Deepest container nesting a snapshot pickle may have. Real snapshots nest less than 10
+#: levels (dict > list > dict > list of frames > dict); a tuple nested 200k deep crashes
+#: CPython's tuple hash, so anything past this generous limit is refused before unpickling.
+_PICKLE_MAX_DEPTH = 200
+#: Most items the unpickling stack may hold at once. ``pickle`` pushes at most one batch of
+#: 1000 list items or dict pairs per nesting level; only a huge tuple or frozenset needs more.
+#: Bounds the memory of the structure scan whatever the number of opcodes.
+_PICKLE_MAX_STACK = 1 << 22
+
+# What each opcode does to the stack, for _check_pickle_structure.
+(
+    _OP_PUSH_PRIMITIVE,  # push a non-container
+    _OP_PUSH_EMPTY,  # push an empty container
+    _OP_MARK,
+    _OP_BUILD_FROM_MARK,  # pop to the mark, push a container of those items
+    _OP_BUILD_COUNTED,  # pop 1-3 items, push a tuple of them
+    _OP_APPEND,  # pop 1 item into the container below it
+    _OP_SETITEM,  # pop 2 items into the container below them
+    _OP_FILL_FROM_MARK,  # pop to the mark into the container below the mark
+    _OP_POP,
+    _OP_POP_MARK,
+    _OP_DUP,
+    _OP_PUT,
+    _OP_MEMOIZE,
+    _OP_GET,
+    _OP_NOTHING,  # PROTO, FRAME
+    _OP_STOP,
+    _OP_REFUSED,  # names a global or a persistent id: the unpickler refuses it right there
+) = range(17)
+_OPCODE_EFFECTS: Dict[str, int] = {
+    **dict.fromkeys(
+        "INT BININT BININT1 BININT2 LONG LONG1 LONG4 STRING BINSTRING SHORT_BINSTRING "
+        "BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8 UNICODE SHORT_BINUNICODE BINUNICODE "
+        "BINUNICODE8 NONE NEWTRUE NEWFALSE FLOAT BINFLOAT".split(),
+        _OP_PUSH_PRIMITIVE,
+    ),
+    **dict.fromkeys("EMPTY_DICT EMPTY_LIST EMPTY_TUPLE EMPTY_SET".split(), _OP_PUSH_EMPTY),
+    "MARK": _OP_MARK,
+    **dict.fromkeys("TUPLE LIST DICT FROZENSET".split(), _OP_BUILD_FROM_MARK),
+    **dict.fromkeys("TUPLE1 TUPLE2 TUPLE3".split(), _OP_BUILD_COUNTED),
+    "APPEND": _OP_APPEND,
+    "SETITEM": _OP_SETITEM,
+    **dict.fromkeys("APPENDS SETITEMS ADDITEMS".split(), _OP_FILL_FROM_MARK),
+    "POP": _OP_POP,
+    "POP_MARK": _OP_POP_MARK,
+    "DUP": _OP_DUP,
+    **dict.fromkeys("PUT BINPUT LONG_BINPUT".split(), _OP_PUT),
+    "MEMOIZE": _OP_MEMOIZE,
+    **dict.fromkeys("GET BINGET LONG_BINGET".split(), _OP_GET),
+    **dict.fromkeys("PROTO FRAME".split(), _OP_NOTHING),
+    "STOP": _OP_STOP,
+    **dict.fromkeys("GLOBAL STACK_GLOBAL INST PERSID BINPERSID".split(), _OP_REFUSED),
+}
+_COUNTED = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+# The same, keyed by the opcode objects pickletools.genops yields (faster than by name).
+_EFFECT_OF_OP = {op: _OPCODE_EFFECTS.get(op.name) for op in pickletools.opcodes}
+
+
+class _BadPickle(Exception):
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+def _check_pickle_structure(data: bytes) -> None:
+    """Refuse a pickle nested too deep to load safely, without building any object.
+
+    Walks the opcodes with :func:`pickletools.genops` and replays what the unpickler does to
+    its stack, keeping per stack item only the nesting depth of the object it holds (0 for
+    strings, numbers, bytes and ``None``; 1 + the deepest item for a container). Memo entries
+    remember the depth of their object, raised when that object is filled later (as
+    ``pickle`` does: a list is memoized empty, then appended to). The walk stops at the first
+    opcode naming a global or a persistent id: the unpickler refuses that opcode before
+    building anything after it. Time and memory are linear in the file size; the stack is
+    capped at :data:`_PICKLE_MAX_STACK` items and the memo at one byte per byte of file.
+
+    Raises:
+        _BadPickle: the file is nested deeper than :data:`_PICKLE_MAX_DEPTH`, keeps more than
+            :data:`_PICKLE_MAX_STACK` items on the stack, uses an opcode that plain data never
+            needs (``REDUCE``, ``BUILD``, ``EXT1``, ...), or is not a well-formed pickle
+            (truncated, unknown opcode, stack underflow, memo index out of range).
+    """
+    limit, max_stack, size = _PICKLE_MAX_DEPTH, _PICKLE_MAX_STACK, len(data)
+    depths = bytearray()  # per stack item: the depth of its object (<= limit < 255)
+    refs = array("q")  # per stack item: the memo index it was stored at or read from, or -1
+    marks: List[int] = []  # stack lengths at the open MARKs
+    memo = bytearray()  # per memo index: 1 + the depth of its object; 0 when unset
+    memo_count = 0  # set memo entries (the index MEMOIZE uses)
+    effect_of = _EFFECT_OF_OP.get
+    push, push_ref = depths.append, refs.append
+
+    def deeper(d: int) -> int:
+        if d > limit:
+            raise _BadPickle(
+                f"refusing to load: the pickle nests containers {d} levels deep, more than the "
+                f"{limit} allowed (memory snapshots nest fewer than 20)",
+                refused=True,
+            )
+        return d
+
+    def fill(target: int, d: int) -> None:  # the container at stack index target gets depth d
+        if d > depths[target]:
+            depths[target] = deeper(d)
+            idx = refs[target]
+            if idx >= 0 and memo[idx] <= d:
+                memo[idx] = d + 1
+
+    pos = 0
+    try:
+        for op, arg, pos in pickletools.genops(data):
+            effect = effect_of(op)
+            if effect == _OP_GET:
+                m = memo[arg] if 0 <= arg < len(memo) else 0
+                if not m:
+                    raise _BadPickle(f"{op.name} of memo index {arg}, which is not set")
+                push(m - 1)
+                push_ref(arg)
+            elif effect == _OP_PUSH_PRIMITIVE:
+                push(0)
+                push_ref(-1)
+            elif effect == _OP_PUT or effect == _OP_MEMOIZE:
+                if len(depths) <= (marks[-1] if marks else 0):
+                    raise _BadPickle(f"stack underflow at {op.name}")
+                idx = memo_count if effect == _OP_MEMOIZE else arg
+                if not 0 <= idx < size:  # pickle numbers its memo entries 0, 1, 2, ...
+                    raise _BadPickle(f"{op.name} of memo index {idx}, out of range")
+                if idx >= len(memo):
+                    memo.extend(bytes(idx + 1 - len(memo)))
+                if not memo[idx]:
+                    memo_count += 1
+                memo[idx] = depths[-1] + 1
+                refs[-1] = idx
+                continue
+            elif effect == _OP_MARK:
+                deeper(len(marks) + 1)  # each open MARK is a container being built
+                marks.append(len(depths))
+                continue
+            elif effect == _OP_PUSH_EMPTY:
+                push(1)
+                push_ref(-1)
+            elif effect == _OP_FILL_FROM_MARK or effect == _OP_BUILD_FROM_MARK:
+                if not marks:
+                    raise _BadPickle(f"{op.name} without a MARK")
+                k = marks.pop()
+                d = max(depths[k:], default=-1) + 1  # the depth the items give a container
+                del depths[k:], refs[k:]
+                if effect == _OP_BUILD_FROM_MARK:
+                    push(deeper(max(d, 1)))
+                    push_ref(-1)
+                elif d > 0:  # there are items, for the container just below the mark
+                    if k == 0:
+                        raise _BadPickle(f"stack underflow at {op.name}")
+                    fill(k - 1, d)
+                continue
+            elif effect == _OP_APPEND or effect == _OP_SETITEM:
+                n = 1 if effect == _OP_APPEND else 2
+                x = len(depths) - n  # the items; the container is just below them
+                if x < 1 or x < (marks[-1] if marks else 0):
+                    raise _BadPickle(f"stack underflow at {op.name}")
+                d = max(depths[x:]) + 1
+                del depths[x:], refs[x:]
+                fill(x - 1, d)
+                continue
+            elif effect == _OP_BUILD_COUNTED:
+                x = len(depths) - _COUNTED[op.name]
+                if x < (marks[-1] if marks else 0):
+                    raise _BadPickle(f"stack underflow at {op.name}")
+                d = deeper(max(depths[x:]) + 1)
+                del depths[x:], refs[x:]
+                push(d)
+                push_ref(-1)
+                continue
+            elif effect == _OP_DUP:
+                if len(depths) <= (marks[-1] if marks else 0):
+                    raise _BadPickle(f"stack underflow at {op.name}")
+                push(depths[-1])
+                push_ref(refs[-1])
+            elif effect == _OP_POP:
+                if marks and marks[-1] == len(depths):
+                    marks.pop()
+                elif len(depths) > (marks[-1] if marks else 0):
+                    depths.pop()
+                    refs.pop()
+                else:
+                    raise _BadPickle(f"stack underflow at {op.name}")
+                continue
+            elif effect == _OP_POP_MARK:
+                if not marks:
+                    raise _BadPickle(f"{op.name} without a MARK")
+                k = marks.pop()
+                del depths[k:], refs[k:]
+                continue
+            elif effect == _OP_NOTHING:
+                continue
+            elif effect == _OP_STOP:
+                if len(depths) <= (marks[-1] if marks else 0):
+                    raise _BadPickle(f"stack underflow at {op.name}")
+                return
+            elif effect == _OP_REFUSED:
+                return  # _SafeUnpickler refuses this opcode before building anything after it
+            else:
+                raise _BadPickle(
+                    f"refusing to load: the pickle uses the opcode {op.name}, which plain data "
+                    "(dicts, lists, strings, numbers) never needs",
+                    refused=True,
+                )
+            if len(depths) > max_stack:  # after a push
+                raise _BadPickle(
+                    f"refusing to load: the pickle keeps more than {max_stack} items on the "
+                    "unpickling stack",
+                    refused=True,
+                )
+    except _BadPickle as exc:
+        raise _BadPickle(f"{exc} (opcode at byte {pos})", refused=exc.refused) from None
+    except Exception as exc:  # genops: truncated, unknown opcode, bad argument; MemoryError
+        raise _BadPickle(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    raise _BadPickle("pickle exhausted before seeing STOP")  # pragma: no cover (genops raises)
+
+
 def _safe_unpickle(path: PathLike) -> Any:
+    source = os.fspath(path)
     with open(path, "rb") as f:
-        try:
-            return _SafeUnpickler(f).load()
-        except _RefusedGlobal as exc:
-            raise ValueError(
-                f"{os.fspath(path)}: refusing to load: the pickle names {exc.what}. Memory "
-                "snapshots are plain data (dicts, lists, strings, numbers); this loader never "
-                "imports or calls anything named in a file"
-            ) from None
-        except OSError:
-            raise
-        except Exception as exc:  # truncated or corrupt: any unpickling error, MemoryError too
-            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            raise ValueError(
-                f"{os.fspath(path)}: not a readable pickle (truncated or corrupt): {detail}"
-            ) from None
+        data = f.read()
+    try:
+        _check_pickle_structure(data)
+    except _BadPickle as exc:
+        if exc.refused:
+            raise ValueError(f"{source}: {exc}") from None
+        raise ValueError(f"{source}: not a readable pickle (truncated or corrupt): {exc}") from None
+    try:
+        return _SafeUnpickler(io.BytesIO(data)).load()
+    except _RefusedGlobal as exc:
+        raise ValueError(
+            f"{source}: refusing to load: the pickle names {exc.what}. Memory "
+            "snapshots are plain data (dicts, lists, strings, numbers); this loader never "
+            "imports or calls anything named in a file"
+        ) from None
+    except Exception as exc:  # truncated or corrupt: any unpickling error, MemoryError too
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"{source}: not a readable pickle (truncated or corrupt): {detail}"
+        ) from None
 
 
 def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
@@ -289,7 +559,10 @@ def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
     Reads the pickles written by ``torch.cuda.memory._dump_snapshot`` (a dict with
     ``segments`` and ``device_traces``; newer files also ``allocator_settings`` and
     ``external_annotations``) with an unpickler that refuses every global, so nothing in the
-    file is imported or executed. See :func:`from_snapshot` for how events become buffers.
+    file is imported or executed. Before unpickling, the opcodes are scanned without building
+    anything, and files whose containers nest more than 200 levels deep (real snapshots nest
+    fewer than 10) are refused: CPython's unpickler would otherwise overflow the C stack
+    hashing such data. See :func:`from_snapshot` for how events become buffers.
 
     Args:
         path (str or os.PathLike): the snapshot file.
@@ -300,9 +573,11 @@ def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
         Trace: one entry per buffer, ``source`` set to ``path``.
 
     Raises:
-        ValueError: the file names a global (e.g. ``os.system``) or a persistent id, is
-            truncated or not a pickle, is not a snapshot dict, or has a malformed or
-            inconsistent event or segment (the message names the file and the index).
+        ValueError: the file names a global (e.g. ``os.system``) or a persistent id, uses an
+            opcode that plain data never needs (``REDUCE``, ``BUILD``, ...), nests containers
+            more than 200 levels deep, is truncated or not a pickle, is not a snapshot dict,
+            or has a malformed or inconsistent event or segment (the message names the file
+            and the index).
         OSError: the file cannot be read.
     """
     source = os.fspath(path)
@@ -320,14 +595,27 @@ class _Where:
         return ValueError(f"{self.source}: {where}: {message}")
 
 
-def _field_int(d: Dict[str, Any], key: str, w: _Where, where: str, *, minimum: int = 0) -> int:
+def _field_int(
+    d: Dict[str, Any],
+    key: str,
+    w: _Where,
+    where: str,
+    *,
+    minimum: int = 0,
+    limit: Optional[int] = None,
+) -> int:
     if key not in d:
         raise w.error(where, f"missing field {key!r} in {_short(d)}")
     value = d[key]
     if not _is_int(value):
         raise w.error(where, f"field {key!r} must be an integer, got {type(value).__name__}")
     if value < minimum:
-        raise w.error(where, f"field {key!r} must be >= {minimum}, got {value}")
+        raise w.error(where, f"field {key!r} must be >= {minimum}, got {_fmt_int(value)}")
+    if limit is not None and value >= limit:
+        raise w.error(
+            where,
+            f"field {key!r} must be < 2**{limit.bit_length() - 1}, got {_fmt_int(value)}",
+        )
     return value
 
 
@@ -341,8 +629,9 @@ def _opt_int(d: Dict[str, Any], key: str, default: int, w: _Where, where: str) -
 
 
 def _short(d: Dict[str, Any]) -> str:
-    keys = sorted(str(k) for k in d.keys())
-    return "{" + ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "") + "}"
+    keys = sorted(k if isinstance(k, str) else _brief(k) for k in d.keys())
+    shown = [k if len(k) <= 40 else k[:37] + "..." for k in keys[:8]]
+    return "{" + ", ".join(shown) + (", ..." if len(keys) > 8 else "") + "}"
 
 
 def _check_snapshot_shape(data: Any, w: _Where) -> None:
@@ -418,10 +707,11 @@ def from_snapshot(
 
     Raises:
         ValueError: the dict is not a snapshot, an event or segment lacks a field or has a
-            non-integer or negative one, an address is allocated twice or freed twice, a block
-            that is active at dump time was freed by the trace, the segment events do not add
-            up to the dump-time segments, or ``device`` is ambiguous or absent. The message
-            names the source and the event (``device_traces[d][k]``) or segment index.
+            non-integer or negative one, a size is ``2**63`` bytes or more, an address is
+            allocated twice or freed twice, a block that is active at dump time was freed by
+            the trace, the segment events do not add up to the dump-time segments, or
+            ``device`` is ambiguous or absent. The message names the source and the event
+            (``device_traces[d][k]``) or segment index.
     """
     w = _Where(source if source is not None else "<snapshot>")
     _check_snapshot_shape(snapshot, w)
@@ -470,7 +760,7 @@ def from_snapshot(
         if action == "alloc":
             where = f"device_traces[{device}][{k}]"
             addr = _field_int(e, "addr", w, where)
-            size = _field_int(e, "size", w, where)
+            size = _field_int(e, "size", w, where, limit=_SIZE_LIMIT)
             stream = _opt_int(e, "stream", 0, w, where)
             if addr in live:
                 raise w.error(
@@ -483,7 +773,7 @@ def from_snapshot(
         elif action == free_action:
             where = f"device_traces[{device}][{k}]"
             addr = _field_int(e, "addr", w, where)
-            size = _field_int(e, "size", w, where)
+            size = _field_int(e, "size", w, where, limit=_SIZE_LIMIT)
             stream = _opt_int(e, "stream", 0, w, where)
             rec = live.pop(addr, None)
             if rec is not None:
@@ -499,7 +789,7 @@ def from_snapshot(
             freed_at[addr] = k
         elif action in ("segment_alloc", "segment_map", "segment_free", "segment_unmap"):
             where = f"device_traces[{device}][{k}]"
-            size = _field_int(e, "size", w, where)
+            size = _field_int(e, "size", w, where, limit=_SIZE_LIMIT)
             has_segment_events = True
             seg_net += size if action in ("segment_alloc", "segment_map") else -size
             seg_max = max(seg_max, seg_net)
@@ -517,7 +807,7 @@ def from_snapshot(
             continue
         where = f"segments[{i}]"
         seg_addr = _field_int(seg, "address", w, where)
-        reserved_at_dump += _field_int(seg, "total_size", w, where)
+        reserved_at_dump += _field_int(seg, "total_size", w, where, limit=_SIZE_LIMIT)
         seg_stream = _opt_int(seg, "stream", 0, w, where)
         blocks = seg.get("blocks", [])
         if not isinstance(blocks, list):
@@ -527,7 +817,7 @@ def from_snapshot(
             bwhere = f"segments[{i}]['blocks'][{j}]"
             if not isinstance(b, dict):
                 raise w.error(bwhere, f"block must be a dict, got {type(b).__name__}")
-            bsize = _field_int(b, "size", w, bwhere)
+            bsize = _field_int(b, "size", w, bwhere, limit=_SIZE_LIMIT)
             state = b.get("state")
             if not isinstance(state, str):
                 raise w.error(bwhere, "block has no 'state' string")
@@ -549,9 +839,10 @@ def from_snapshot(
                 requested = first.get("real_size") if isinstance(first, dict) else None
             if requested is None:
                 requested = bsize
-            if not _is_int(requested) or requested < 0:
+            if not _is_int(requested) or not 0 <= requested < _SIZE_LIMIT:
                 raise w.error(
-                    bwhere, f"'requested_size' must be an integer >= 0, got {requested!r}"
+                    bwhere,
+                    f"'requested_size' must be an integer in [0, 2**63), got {_brief(requested)}",
                 )
             records.append((0, 0, order, requested, seg_stream, None, baddr))
             order += 1
@@ -586,16 +877,51 @@ def from_snapshot(
 # --------------------------------------------------------------------------------------------
 
 
+# Per column: the exclusive upper bound of its values (every column is >= 0).
+_CSV_LIMITS = {"id": _SIZE_LIMIT, "lower": _TIME_LIMIT, "upper": _TIME_LIMIT, "size": _SIZE_LIMIT}
+
+
+def _clip(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _csv_int(x: str, name: str) -> int:
+    """Parse one CSV field (ASCII digits, optional sign) and check it against its bounds.
+
+    Raises:
+        ValueError: not an integer, negative, or not below the column's bound. The message
+            lacks the ``file:line:`` prefix; the caller adds it.
+    """
+    if not _INT_RE.fullmatch(x):
+        raise ValueError(f"{name} must be an integer, got {_clip(x)!r}")
+    negative = x.startswith("-")
+    digits = x.lstrip("+-").lstrip("0") or "0"
+    limit = _CSV_LIMITS[name]
+    bound = f"2**{limit.bit_length() - 1}"
+    if len(digits) > 40:  # past every bound; int() would also refuse over 4300 digits
+        if negative:
+            raise ValueError(f"{name} must be >= 0, got a {len(digits)}-digit negative number")
+        raise ValueError(f"{name} must be < {bound}, got a {len(digits)}-digit number")
+    value = -int(digits) if negative else int(digits)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    if value >= limit:
+        raise ValueError(f"{name} must be < {bound}, got {value}")
+    return value
+
+
 def load_csv(path: PathLike) -> Trace:
     """Load a planning instance ``id,lower,upper,size`` as a :class:`Trace`.
 
-    One buffer a row: ``id`` (a unique integer ``>= 0``, kept as ``TraceEntry.index``), the
-    lifetime ``[lower, upper)`` in a logical clock (``0 <= lower < upper``) and the size in
-    bytes (``>= 0``). The first line is a header naming those four columns (in any order;
-    other columns are ignored); a file whose first line is four integers has no header and
-    uses that order. Blank lines and lines starting with ``#`` are skipped. Entries keep the
-    file's order and ``end_time`` is the largest ``upper``. This is the format of the
-    MiniMalloc, SOMAS and IOPDDL instances in the ``cappadokes/idealloc`` benchmarks.
+    One buffer a row: ``id`` (a unique integer, ``0 <= id < 2**63``, kept as
+    ``TraceEntry.index``), the lifetime ``[lower, upper)`` in a logical clock
+    (``0 <= lower < upper < 2**62``) and the size in bytes (``0 <= size < 2**63``); these
+    bounds are what the planner can take. The first line is a header naming those four columns
+    (in any order; other columns are ignored); a file whose first line is four integers has no
+    header and uses that order. Lines end with ``\\n``, ``\\r\\n`` or ``\\r`` (universal
+    newlines); blank lines and lines starting with ``#`` are skipped. Entries keep the file's
+    order and ``end_time`` is the largest ``upper``. This is the format of the MiniMalloc,
+    SOMAS and IOPDDL instances in the ``cappadokes/idealloc`` benchmarks.
 
     Args:
         path (str or os.PathLike): the CSV file (UTF-8).
@@ -605,7 +931,7 @@ def load_csv(path: PathLike) -> Trace:
 
     Raises:
         ValueError: the file is empty or has no rows, a header lacks a column, a row has the
-            wrong number of fields, a non-integer, a negative size, id or lower, an
+            wrong number of fields, a non-integer, a value out of the bounds above, an
             ``upper <= lower`` or a repeated id. The message is ``file:line: ...``.
         OSError: the file cannot be read.
     """
@@ -616,6 +942,7 @@ def load_csv(path: PathLike) -> Trace:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{source}: not a UTF-8 text file ({exc})") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines
 
     columns: Optional[Dict[str, int]] = None
     nfields = 0
@@ -637,7 +964,7 @@ def load_csv(path: PathLike) -> Trace:
                 missing = [c for c in _CSV_COLUMNS if c not in names]
                 if missing:
                     raise ValueError(
-                        f"{source}:{lineno}: the header {line!r} lacks the column(s) "
+                        f"{source}:{lineno}: the header {_clip(line)!r} lacks the column(s) "
                         f"{', '.join(missing)} (expected id,lower,upper,size)"
                     )
                 dups = sorted({c for c in _CSV_COLUMNS if names.count(c) > 1})
@@ -649,30 +976,21 @@ def load_csv(path: PathLike) -> Trace:
                 continue
         if len(fields) != nfields:
             raise ValueError(
-                f"{source}:{lineno}: expected {nfields} fields, got {len(fields)}: {line!r}"
+                f"{source}:{lineno}: expected {nfields} fields, got {len(fields)}: {_clip(line)!r}"
             )
-        values = {}
-        for name in _CSV_COLUMNS:
-            x = fields[columns[name]]
-            if not _INT_RE.fullmatch(x):
-                raise ValueError(f"{source}:{lineno}: {name} must be an integer, got {x!r}")
-            values[name] = int(x)
-        ident, lower, upper, size = (values[c] for c in _CSV_COLUMNS)
-        if size < 0:
-            raise ValueError(f"{source}:{lineno}: size must be >= 0 bytes, got {size}")
-        if ident < 0:
-            raise ValueError(f"{source}:{lineno}: id must be >= 0, got {ident}")
-        if lower < 0:
-            raise ValueError(f"{source}:{lineno}: lower must be >= 0, got {lower}")
-        if upper <= lower:
-            raise ValueError(
-                f"{source}:{lineno}: upper must be > lower (lifetime [lower, upper)), "
-                f"got lower={lower} upper={upper}"
-            )
-        if ident in id_line:
-            raise ValueError(f"{source}:{lineno}: id {ident} already used on line {id_line[ident]}")
+        try:
+            ident, lower, upper, size = (_csv_int(fields[columns[c]], c) for c in _CSV_COLUMNS)
+            if upper <= lower:
+                raise ValueError(
+                    f"upper must be > lower (lifetime [lower, upper)), "
+                    f"got lower={lower} upper={upper}"
+                )
+            if ident in id_line:
+                raise ValueError(f"id {ident} already used on line {id_line[ident]}")
+            entries.append(TraceEntry(ident, size, 0, lower, upper, (), None))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}:{lineno}: {exc}") from None
         id_line[ident] = lineno
-        entries.append(TraceEntry(ident, size, 0, lower, upper, (), None))
         if upper > end_time:
             end_time = upper
     if columns is None:

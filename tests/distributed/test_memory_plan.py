@@ -233,3 +233,68 @@ def test_empty_plan_and_description_round_trip():
         plan_from_description(broken)
     with pytest.raises(ValueError, match="malformed"):
         plan_from_description({"alignment": 256})
+
+
+def test_alignment_smaller_than_item_size_is_refused():
+    # Regression: MemoryPlan(1) put a float64 slot at byte 3 and slot_view failed in torch.
+    plan = MemoryPlan(1)
+    plan.add_slot("r", "bytes", (3,), torch.uint8)
+    with pytest.raises(ValueError, match=r"slot 'f64'.*alignment of 1 B.*8 B items of float64"):
+        plan.add_slot("r", "f64", (2,), torch.float64)
+    assert [s.name for s in plan.region("r")] == ["bytes"]  # nothing added
+    with pytest.raises(ValueError, match="slot 'e'"):  # also for an empty view
+        MemoryPlan(4).add_slot("r", "e", (0,), torch.complex64)
+    # An alignment of at least the item size works, whatever comes before the slot.
+    plan = MemoryPlan(8)
+    plan.add_slot("r", "bytes", (3,), torch.uint8)
+    plan.add_slot("r", "f64", (2,), torch.float64)
+    mat = plan.finalize().materialize()
+    assert plan.slot_range("r", "f64") == (8, 24)
+    view = mat.slot_view("r", "f64")
+    assert view.dtype == torch.float64 and view.shape == (2,)
+    assert view.data_ptr() == mat.data_ptr() + 8
+
+
+def test_shapes_must_be_integers():
+    # Regression: (2.7,) silently became (2,).
+    plan = MemoryPlan()
+    for bad in [(2.7,), (3, 2.0), ("3",), (True, 2), (torch.tensor(1.5),)]:
+        with pytest.raises(ValueError, match=r"slot 'w'.*non-integer size"):
+            plan.add_slot("r", "w", bad, torch.float32)
+    with pytest.raises(ValueError, match=r"slot 'w'.*negative"):
+        plan.add_slot("r", "w", (4, -1), torch.float32)
+    with pytest.raises(ValueError, match=r"slot 'w'.*int64"):
+        plan.add_slot("r", "w", (2**63, 0), torch.float32)
+    with pytest.raises(ValueError, match=r"slot 'w'.*nbytes must be an integer"):
+        plan.add_slot("r", "w", (4,), torch.float32, nbytes=16.5)
+    with pytest.raises(TypeError, match="slot 'w'"):
+        plan.add_slot("r", "w", 4, torch.float32)
+    assert len(plan.region("r")) == 0
+    # Integers of other types are fine and stored as int.
+    s = plan.add_slot("r", "w", torch.Size([torch.tensor(2).item(), 3]), torch.float32)
+    t = plan.add_slot("r", "t", (torch.tensor(5),), torch.float32, nbytes=torch.tensor(32))
+    assert s.shape == (2, 3) and t.shape == (5,) and t.nbytes == 32
+    assert all(type(d) is int for d in s.shape + t.shape) and type(t.nbytes) is int
+    plan.finalize()
+    assert plan_from_description(plan.describe()).digest() == plan.digest()
+
+
+def test_plan_larger_than_int64_is_refused_at_finalize():
+    # Regression: finalize accepted it and materialize raised a torch TypeError.
+    plan = MemoryPlan()
+    plan.add_slot("a", "w", (2**60,), torch.float32)  # 2**62 bytes
+    plan.add_slot("b", "w", (2**62,), torch.uint8)  # 2**63 bytes in all: one too many
+    with pytest.raises(ValueError, match=f"total size {2**63} bytes does not fit in int64"):
+        plan.finalize()
+    assert not plan.finalized
+    with pytest.raises(RuntimeError, match="not finalized"):
+        plan.materialize()
+    one_slot = MemoryPlan()
+    one_slot.add_slot("r", "huge", (2**40, 2**40), torch.float64)  # 2**83 bytes
+    with pytest.raises(ValueError, match=f"total size {2**83} bytes"):
+        one_slot.finalize()
+    # The largest aligned size that fits is accepted (not materialized here).
+    fits = MemoryPlan()
+    fits.add_slot("a", "w", (2**60,), torch.float32)
+    fits.add_slot("b", "w", (2**62 - 256,), torch.uint8)
+    assert fits.finalize().nbytes == 2**63 - 256
