@@ -1,5 +1,6 @@
 // cpu_allocator.cpp - see cpu_allocator.h.
 #include "torch/cpu_allocator.h"
+#include "torch/no_destructor.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -16,18 +17,6 @@
 
 namespace renaissance {
 namespace {
-
-// Process-lifetime storage: constructed on first use, never destroyed, so
-// that tensors freed during interpreter shutdown still find their arena.
-template <typename T>
-class NoDestructor {
- public:
-  NoDestructor() { ::new (static_cast<void*>(storage_)) T(); }
-  T& get() { return *std::launder(reinterpret_cast<T*>(storage_)); }
-
- private:
-  alignas(T) unsigned char storage_[sizeof(T)];
-};
 
 std::atomic<Arena*> g_arena{nullptr};
 

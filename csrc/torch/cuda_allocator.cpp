@@ -6,6 +6,7 @@
 // fields in DeviceStats / AllocatorConfigInfo, which are left at their
 // defaults).
 #include "torch/cuda_allocator.h"
+#include "torch/no_destructor.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -45,18 +46,6 @@ using Filter = std::function<bool(cudaStream_t)>;
 
 constexpr MempoolId_t kDefaultPool{0, 0};
 constexpr int kMaxDevices = 256;
-
-// Process-lifetime storage: constructed on first use, never destroyed, so
-// that tensors freed during interpreter shutdown still find their arena.
-template <typename T>
-class NoDestructor {
- public:
-  NoDestructor() { ::new (static_cast<void*>(storage_)) T(); }
-  T& get() { return *std::launder(reinterpret_cast<T*>(storage_)); }
-
- private:
-  alignas(T) unsigned char storage_[sizeof(T)];
-};
 
 StreamId stream_id(cudaStream_t s) {
   return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(s));
