@@ -244,7 +244,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"trace              {args.trace}")
     print(f"buffers            {out['buffers']}")
     print(f"LOAD               {_mib(res.load_bytes)}  ({res.load_bytes} bytes)")
-    print(f"greedy by size     {_mib(res.greedy_bytes)}{vs(res.greedy_bytes)}")
+    print(f"greedy by size     {_mib(res.greedy_bytes)}{vs(res.greedy_bytes)}"
+          + ("" if res.greedy_bytes else "  (not finished within the budget)"))
     print(f"torch_renaissance  {_mib(res.plan_bytes)}{vs(res.plan_bytes)}  [{res.method}]")
     print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
     print(f"planning time      {res.seconds:.3f} s")

@@ -19,7 +19,7 @@ class PlanResult:
     offsets: List[int]        # one per trace entry, in entry order
     plan_bytes: int           # highest end offset
     load_bytes: int           # LOAD: no plan can be smaller
-    greedy_bytes: int         # best fit by decreasing size, for comparison
+    greedy_bytes: Optional[int]  # best fit by decreasing size; None when the budget cut it short
     seconds: float            # wall time of the planner
     method: str               # which strategy gave the returned offsets
 
@@ -42,7 +42,7 @@ def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: fl
     lowers = [lo for _, lo, _ in lifetimes]
     uppers = [up for _, _, up in lifetimes]
     r = _ext().plan(sizes, lowers, uppers, budget_seconds=budget_seconds, seed=seed)
-    return PlanResult(list(r["offsets"]), r["size"], r["load"], r["greedy_size"],
+    return PlanResult(list(r["offsets"]), r["size"], r["load"], r["greedy_size"] or None,
                       r["seconds"], r["method"])
 
 

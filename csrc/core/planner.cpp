@@ -3,11 +3,16 @@
 // Invariants kept here (see planner.h):
 //   * plan() and greedy_by_size() only return plans that pass the same sweep
 //     check validate() runs; a plan that would not (a planner bug) is never
-//     returned: the baseline is returned instead, and if even that failed,
-//     std::logic_error is thrown.
-//   * Results depend only on (Problem, Options): the improvement search is
-//     bounded by a work count derived from Options::budget_seconds; the wall
-//     clock is a safety cap at several times the budget.
+//     returned: the sweep's plan (planner_sweep.h, independent of the rest)
+//     is returned instead, and if even that failed, std::logic_error is
+//     thrown.
+//   * Results depend only on (Problem, Options): every pass and the
+//     improvement search are bounded by a work count derived from
+//     Options::budget_seconds (at least a floor of c * N log N); the wall
+//     clock is a safety cap at twice the time that count stands for.
+//   * What no work count bounds is O(N log N): building the instance, the
+//     sweep fallback, the final check (on the reference machine, about
+//     0.1 s together for N = 100,000).
 //   * Malformed problems throw std::invalid_argument naming the first bad
 //     buffer (see planner_instance.cpp).
 #include "core/planner.h"
@@ -26,6 +31,7 @@
 #include "core/planner_instance.h"
 #include "core/planner_obstacles.h"
 #include "core/planner_search.h"
+#include "core/planner_sweep.h"
 
 namespace renaissance::planner {
 namespace {
@@ -42,11 +48,33 @@ using detail::Work;
 // the budget is left for the parts not counted (building the instance, the
 // final check) and for noise.
 constexpr double kUnitsPerSecond = 1.7e8;
-// The wall-clock safety cap: this many times the budget, plus a margin.
+// Every call may spend at least this much work, whatever its budget (0
+// included): kFloorUnits + kFloorUnitsPerItem * N * log2(N + 2) units for N
+// buffers and obstacles. It pays for the constructive passes of small
+// instances (all of them, as before the budget was capped); on large ones it
+// is the c * n log n part of the time guarantee (planner.h).
+constexpr double kFloorUnits = 4e6;
+constexpr double kFloorUnitsPerItem = 12;
+// What the fallback after a baseline cut short costs (two sweeps,
+// planner_sweep.h), per N * log2(N + 2): the baseline stops this much short
+// of the work limit.
+constexpr double kSweepUnitsPerItem = 8;
+// The wall-clock safety cap: this many times the time the work limit stands
+// for, plus a margin.
 constexpr double kCapFactor = 2.0;
 constexpr double kCapMargin = 0.25;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
+// ... and only when the (buffer, obstacle) pairs overlapping in time that it
+// records stay below this, and so do the buffers' lifetimes in ticks, summed
+// (its setup walks them).
+constexpr std::uint64_t kSearchMaxObstaclePairs = 4000000;
+constexpr std::uint64_t kSearchMaxTicks = std::uint64_t{1} << 24;
+// With fixed obstacles, instances up to this many items (buffers and
+// obstacles) get the peak repair by sub-search; larger ones the ruin and
+// recreate of improve() (a sub-problem there can hold about every item as an
+// obstacle).
+constexpr std::uint32_t kRepairMaxItems = 20000;
 // With fixed obstacles, the share of the search budget (what is left after
 // the constructive passes) that the branch and bound gets; the peak repair
 // by sub-search (planner_improve.h) gets the rest.
@@ -56,13 +84,17 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The best plan so far: the first plan offered is always taken (whatever
+// its height: no sentinel height), later ones only when strictly lower.
 struct Best {
-  std::uint64_t height = kUnplaced;
+  bool has_plan = false;
+  std::uint64_t height = 0;
   std::vector<std::uint64_t> offsets;
   std::string method;
 
   bool offer(std::uint64_t h, const std::vector<std::uint64_t>& offs, const char* how) {
-    if (h >= height) return false;
+    if (has_plan && h >= height) return false;
+    has_plan = true;
     height = h;
     offsets = offs;
     method = how;
@@ -70,15 +102,51 @@ struct Best {
   }
 };
 
+// Max over a range of counts, with range add (lazy, top-down).
+class CoverTree {
+ public:
+  explicit CoverTree(std::size_t size)
+      : size_(std::max<std::size_t>(size, 1)), max_(4 * size_, 0), add_(4 * size_, 0) {}
+  void add(std::size_t l, std::size_t r, int delta) { add(1, 0, size_, l, r, delta); }
+  int max(std::size_t l, std::size_t r) const { return max(1, 0, size_, l, r); }
+
+ private:
+  void add(std::size_t v, std::size_t lo, std::size_t hi, std::size_t l, std::size_t r,
+           int delta) {
+    if (r <= lo || hi <= l) return;
+    if (l <= lo && hi <= r) {
+      add_[v] += delta;
+      max_[v] += delta;
+      return;
+    }
+    const std::size_t m = lo + (hi - lo) / 2;
+    add(2 * v, lo, m, l, r, delta);
+    add(2 * v + 1, m, hi, l, r, delta);
+    max_[v] = add_[v] + std::max(max_[2 * v], max_[2 * v + 1]);
+  }
+  int max(std::size_t v, std::size_t lo, std::size_t hi, std::size_t l, std::size_t r) const {
+    if (r <= lo || hi <= l) return std::numeric_limits<int>::min();
+    if (l <= lo && hi <= r) return max_[v];
+    const std::size_t m = lo + (hi - lo) / 2;
+    return add_[v] + std::max(max(2 * v, lo, m, l, r), max(2 * v + 1, m, hi, l, r));
+  }
+
+  std::size_t size_;
+  std::vector<int> max_, add_;
+};
+
 // Sweep check on original times: live buffers ordered by offset must be
 // pairwise disjoint; a new one only needs checking against its neighbours.
+// Live fixed obstacles (which may overlap one another) are counted per
+// elementary range of their offsets and ends: a buffer collides with one
+// exactly when some elementary range it covers has a live obstacle. O(N log N)
+// for N buffers and obstacles.
 std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>& offsets) {
   if (offsets.size() != problem.buffers.size()) {
     return "plan has " + std::to_string(offsets.size()) + " offsets for " +
            std::to_string(problem.buffers.size()) + " buffers";
   }
   detail::check_period(problem);
-  detail::check_sizes(problem);
   struct Event {
     std::int64_t t;
     int kind;  // 0: end, 1: start (ends first: lifetimes are half-open)
@@ -99,7 +167,8 @@ std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>
                                              fixed ? i - n : i, lo, hi);
     if (size[i] == 0) continue;
     if (off[i] > std::numeric_limits<std::uint64_t>::max() - size[i]) {
-      return "buffer " + std::to_string(i) + ": offset + size overflows 64 bits";
+      return (fixed ? "fixed buffer " + std::to_string(i - n) : "buffer " + std::to_string(i)) +
+             ": offset + size overflows 64 bits";
     }
     for (int k = 0; k < parts; ++k) {
       events.push_back({lo[k], 1, static_cast<std::uint32_t>(i)});
@@ -117,54 +186,79 @@ std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>
   auto range = [&](std::uint32_t id) {
     return "[" + std::to_string(off[id]) + ", " + std::to_string(off[id] + size[id]) + ")";
   };
-  // Fixed obstacles may overlap each other (they are given, not planned);
-  // they are kept in their own set and only checked against buffers.
+  // Elementary ranges of the obstacles: [x[j], x[j + 1]).
+  std::vector<std::uint64_t> x;
+  for (std::size_t i = n; i < off.size(); ++i) {
+    if (size[i] == 0) continue;
+    x.push_back(off[i]);
+    x.push_back(off[i] + size[i]);
+  }
+  std::sort(x.begin(), x.end());
+  x.erase(std::unique(x.begin(), x.end()), x.end());
+  CoverTree cover(x.size());
+  // Elementary ranges meeting [a, b): j with x[j] < b and x[j + 1] > a.
+  auto elementary = [&](std::uint64_t a, std::uint64_t b) {
+    const auto first = std::upper_bound(x.begin(), x.end(), a) - x.begin();
+    const auto last = std::lower_bound(x.begin(), x.end(), b) - x.begin();
+    return std::make_pair(static_cast<std::size_t>(std::max<std::ptrdiff_t>(first - 1, 0)),
+                          static_cast<std::size_t>(last));
+  };
   std::set<std::pair<std::uint64_t, std::uint32_t>> live, live_fixed;
-  auto collides = [&](const std::set<std::pair<std::uint64_t, std::uint32_t>>& s,
-                      std::uint32_t id) -> std::int64_t {
+  // A live buffer overlapping [off[id], off[id] + size[id]): live buffers are
+  // disjoint, so the first one at or above the start and the one before it
+  // are the only candidates.
+  // `lowest` names the lowest such buffer when two are.
+  auto collides = [&](std::uint32_t id, bool lowest) -> std::int64_t {
     const std::uint64_t a = off[id], b = off[id] + size[id];
-    auto it = s.lower_bound({a, 0});
-    if (it != s.end() && it->first < b) return it->second;
-    if (it != s.begin()) {
-      --it;
-      if (off[it->second] + size[it->second] > a) return it->second;
+    const auto it = live.lower_bound({a, 0});
+    const bool above = it != live.end() && it->first < b;
+    if (above && !lowest) return it->second;
+    if (it != live.begin()) {
+      const auto prev = std::prev(it);
+      if (off[prev->second] + size[prev->second] > a) return prev->second;
     }
-    return -1;
+    return above ? static_cast<std::int64_t>(it->second) : -1;
   };
   for (const Event& e : events) {
     const bool fixed = e.id >= n;
-    auto& own = fixed ? live_fixed : live;
     if (e.kind == 0) {
-      own.erase({off[e.id], e.id});
+      (fixed ? live_fixed : live).erase({off[e.id], e.id});
+      if (fixed) {
+        const auto r = elementary(off[e.id], off[e.id] + size[e.id]);
+        cover.add(r.first, r.second, -1);
+      }
       continue;
     }
+    const std::int64_t other = collides(e.id, fixed);
     if (!fixed) {
-      // Fixed obstacles may overlap one another, so the neighbour check is
-      // not enough among them: scan those live ones below the end.
-      for (const auto& f : live_fixed) {
-        if (f.first >= off[e.id] + size[e.id]) break;
-        if (off[f.second] + size[f.second] > off[e.id]) {
-          return name(e.id) + " " + range(e.id) + " collides with " + name(f.second) + " " +
-                 range(f.second) + " at time " + std::to_string(e.t);
+      const auto r = elementary(off[e.id], off[e.id] + size[e.id]);
+      if (!x.empty() && r.first < r.second && cover.max(r.first, r.second) > 0) {
+        // Name the obstacle (the error path only: a scan is fine).
+        for (const auto& f : live_fixed) {
+          if (f.first >= off[e.id] + size[e.id]) break;
+          if (off[f.second] + size[f.second] > off[e.id]) {
+            return name(e.id) + " " + range(e.id) + " collides with " + name(f.second) + " " +
+                   range(f.second) + " at time " + std::to_string(e.t);
+          }
         }
       }
-      const std::int64_t other = collides(live, e.id);
       if (other >= 0) {
         const auto o = static_cast<std::uint32_t>(other);
         return name(std::min(o, e.id)) + " " + range(std::min(o, e.id)) + " collides with " +
                name(std::max(o, e.id)) + " " + range(std::max(o, e.id)) + " at time " +
                std::to_string(e.t);
       }
+      live.insert({off[e.id], e.id});
     } else {
-      for (const auto& b : live) {
-        if (b.first >= off[e.id] + size[e.id]) break;
-        if (off[b.second] + size[b.second] > off[e.id]) {
-          return name(b.second) + " " + range(b.second) + " collides with " + name(e.id) + " " +
-                 range(e.id) + " at time " + std::to_string(e.t);
-        }
+      if (other >= 0) {
+        const auto o = static_cast<std::uint32_t>(other);
+        return name(o) + " " + range(o) + " collides with " + name(e.id) + " " + range(e.id) +
+               " at time " + std::to_string(e.t);
       }
+      live_fixed.insert({off[e.id], e.id});
+      const auto r = elementary(off[e.id], off[e.id] + size[e.id]);
+      cover.add(r.first, r.second, 1);
     }
-    own.insert({off[e.id], e.id});
   }
   return {};
 }
@@ -181,13 +275,29 @@ Result make_result(const Problem& problem, const Instance& inst, const Best& bes
   return r;
 }
 
-Best run_greedy(const Instance& inst, Placer& placer, Work& work) {
-  Best best;
+// Best fit by decreasing size, on `work` less `reserve` units. Gives up
+// (returns false) once that is spent; then the items it placed, with the
+// rest placed by the sweep above them, and the sweep alone are offered
+// instead (planner_sweep.h; `reserve` is about their cost).
+bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t reserve,
+                Best& best) {
   std::vector<std::uint64_t> offs = detail::initial_offsets(inst);
   placer.reset(offs);
-  const std::uint64_t h = placer.place(detail::make_order(inst, Order::kSize), offs, Fit::kBest, work);
-  best.offer(h, offs, "greedy_by_size");
-  return best;
+  std::uint64_t h = 0;
+  Work share = work.child(work.left() > reserve ? work.left() - reserve : 0);
+  const bool done =
+      placer.try_place(detail::make_order(inst, Order::kSize), offs, Fit::kBest, share, h);
+  work.absorb(share);
+  if (done) {
+    best.offer(h, offs, "greedy_by_size");
+    return true;
+  }
+  work.add(reserve);
+  best.offer(detail::sweep_best_fit_above(inst, detail::height(inst, offs), offs), offs,
+             "greedy_by_size_then_sweep");
+  offs = detail::initial_offsets(inst);
+  best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
+  return false;
 }
 
 struct Constructive {
@@ -218,6 +328,34 @@ std::vector<Constructive> portfolio(std::uint32_t n) {
   return p;
 }
 
+// Pairs (free buffer, obstacle) overlapping in time, counted by a sweep in
+// O(P log P); stops counting past `cap`.
+std::uint64_t obstacle_pairs(const Instance& inst, std::uint64_t cap) {
+  std::vector<std::int32_t> free_lo, free_hi;  // free pieces
+  std::vector<std::int32_t> starts, ends;      // obstacle pieces
+  for (const detail::Piece& p : inst.pieces) {
+    if (p.item < inst.num_free) {
+      free_lo.push_back(p.lo);
+      free_hi.push_back(p.hi);
+    } else {
+      starts.push_back(p.lo);
+      ends.push_back(p.hi);
+    }
+  }
+  if (starts.empty()) return 0;
+  std::sort(starts.begin(), starts.end());
+  std::sort(ends.begin(), ends.end());
+  // Obstacles overlapping a free piece [lo, hi): those starting before hi
+  // minus those ending at or before lo.
+  std::uint64_t pairs = 0;
+  for (std::size_t k = 0; k < free_lo.size() && pairs <= cap; ++k) {
+    const auto s = std::lower_bound(starts.begin(), starts.end(), free_hi[k]) - starts.begin();
+    const auto e = std::upper_bound(ends.begin(), ends.end(), free_lo[k]) - ends.begin();
+    pairs += static_cast<std::uint64_t>(s - e);
+  }
+  return pairs;
+}
+
 }  // namespace
 
 std::uint64_t load(const Problem& problem) { return Instance(problem).load; }
@@ -231,7 +369,8 @@ Result greedy_by_size(const Problem& problem) {
   const Instance inst(problem);
   Placer placer(inst);
   Work work(std::numeric_limits<std::uint64_t>::max(), 1e9);
-  const Best best = run_greedy(inst, placer, work);
+  Best best;
+  run_greedy(inst, placer, work, 0, best);
   Result r = make_result(problem, inst, best, 0);
   r.greedy_size = r.size;
   if (!sweep_check(problem, r.offsets).empty()) {
@@ -247,31 +386,44 @@ Result plan(const Problem& problem, const Options& options) {
     throw std::invalid_argument("planner: budget_seconds must be finite and >= 0");
   }
   const Instance inst(problem);
-  const std::uint64_t limit =
-      static_cast<std::uint64_t>(std::min(options.budget_seconds * kUnitsPerSecond, 1e18));
-  Work work(limit, options.budget_seconds * kCapFactor + kCapMargin);
+  const double items = static_cast<double>(inst.num_items);
+  const double floor_units = kFloorUnits + kFloorUnitsPerItem * items * std::log2(items + 2);
+  const double units =
+      std::min(std::max(options.budget_seconds * kUnitsPerSecond, floor_units), 1e18);
+  const auto limit = static_cast<std::uint64_t>(units);
+  Work work(limit, units / kUnitsPerSecond * kCapFactor + kCapMargin);
   // First LOAD and the fixed top (with obstacles merged: the cheap part of
   // planner_bound.h, on an empty budget).
   Work no_work = work.child(0);
   std::uint64_t lower_bound = detail::lower_bound(inst, &no_work);
 
+  // The baseline, best fit by decreasing size. On a large instance it may
+  // not finish within the work limit: then the sweep (planner_sweep.h, about
+  // n log n) completes it or replaces it, and there is no budget left for
+  // more passes.
   Placer placer(inst);
-  Best best = run_greedy(inst, placer, work);
-  const std::uint64_t greedy_height = best.height;
+  Best best;
+  const auto reserve =
+      static_cast<std::uint64_t>(kSweepUnitsPerItem * items * std::log2(items + 2));
+  const bool greedy_done = run_greedy(inst, placer, work, reserve, best);
+  const std::uint64_t greedy_height = greedy_done ? best.height : 0;
   work.absorb(no_work);
-
-  // Constructive portfolio, stopping at the lower bound. With a budget, a
-  // pass runs only while the budget can pay for one (the baseline's cost);
-  // with budget 0 all of them run, and no search.
-  const std::uint64_t pass_cost = work.used() - no_work.used();
   std::vector<std::uint64_t> offs;
-  for (const Constructive& c : portfolio(inst.num_free)) {
-    if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
-    if (options.budget_seconds > 0 && work.left() < pass_cost) break;
-    offs = detail::initial_offsets(inst);
-    placer.reset(offs);
-    const std::uint64_t h = placer.place(detail::make_order(inst, c.order), offs, c.fit, work);
-    best.offer(h, offs, c.name);
+
+  // Constructive portfolio, stopping at the lower bound, while the budget
+  // can pay for a pass (the baseline's cost); a pass cut short by the
+  // budget is dropped.
+  const std::uint64_t pass_cost = work.used() - no_work.used();
+  if (greedy_done) {
+    for (const Constructive& c : portfolio(inst.num_free)) {
+      if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
+      if (work.left() < pass_cost) break;
+      offs = detail::initial_offsets(inst);
+      placer.reset(offs);
+      std::uint64_t h = 0;
+      if (!placer.try_place(detail::make_order(inst, c.order), offs, c.fit, work, h)) break;
+      best.offer(h, offs, c.name);
+    }
   }
 
   // With obstacles, the per-tick gap bound (planner_bound.h) before the
@@ -283,14 +435,26 @@ Result plan(const Problem& problem, const Options& options) {
     work.absorb(bound_work);
   }
 
-  // Improvement search within the work budget. With obstacles that leave
-  // gaps a buffer fits in, the search over the whole instance gets a share
-  // of it and the peak repair by sub-search the rest; otherwise the search
-  // and then peak repair by ruin and recreate.
-  const bool obstacles = inst.num_items > inst.num_free && detail::ObstacleMap(inst).has_gaps();
-  if (std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
-    if (obstacles) {
-      if (inst.num_free <= kSearchMaxItems) {
+  // Improvement search within the work budget (none with budget 0, nor
+  // after a baseline cut short: then the budget is spent). With obstacles
+  // that leave gaps a buffer fits in, the search over the whole instance
+  // gets a share of it and the peak repair by sub-search the rest;
+  // otherwise the search and then peak repair by ruin and recreate.
+  if (options.budget_seconds > 0 && greedy_done &&
+      std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
+    const bool obstacles =
+        inst.num_items > inst.num_free && detail::ObstacleMap(inst).has_gaps();
+    bool search = inst.num_free <= kSearchMaxItems;
+    if (search) {
+      std::uint64_t ticks = 0;
+      for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+        ticks += static_cast<std::uint64_t>(inst.length(i));
+      }
+      search = ticks <= kSearchMaxTicks &&
+               obstacle_pairs(inst, kSearchMaxObstaclePairs) <= kSearchMaxObstaclePairs;
+    }
+    if (obstacles && inst.num_items <= kRepairMaxItems) {
+      if (search) {
         Work share = work.child(
             static_cast<std::uint64_t>(static_cast<double>(work.left()) * kObstacleSearchShare));
         detail::search_small(inst, lower_bound, options.seed, share, best.height, best.offsets,
@@ -300,7 +464,7 @@ Result plan(const Problem& problem, const Options& options) {
       detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                            best.method);
     } else {
-      if (inst.num_free <= kSearchMaxItems) {
+      if (search) {
         detail::search_small(inst, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
       }
@@ -309,12 +473,21 @@ Result plan(const Problem& problem, const Options& options) {
     }
   }
 
-  Result r = make_result(problem, inst, best, std::max(greedy_height, inst.fixed_top));
+  // The sweep is cheap (O(N log N)) and now and then lower than every pass
+  // (long, interleaved lifetimes): it replaces the plan when strictly lower.
+  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound) {
+    offs = detail::initial_offsets(inst);
+    best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
+  }
+
+  Result r = make_result(problem, inst, best,
+                         greedy_done ? std::max(greedy_height, inst.fixed_top) : 0);
   if (!sweep_check(problem, r.offsets).empty()) {
-    // A planner bug: fall back to the baseline rather than return it.
-    Work w(std::numeric_limits<std::uint64_t>::max(), 1e9);
-    const Best base = run_greedy(inst, placer, w);
-    r = make_result(problem, inst, base, std::max(greedy_height, inst.fixed_top));
+    // A planner bug: fall back to the sweep rather than return it.
+    offs = detail::initial_offsets(inst);
+    Best base;
+    base.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
+    r = make_result(problem, inst, base, r.greedy_size);
     r.method += " (fallback)";
     if (!sweep_check(problem, r.offsets).empty()) {
       throw std::logic_error("planner: produced an invalid plan (bug)");

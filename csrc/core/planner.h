@@ -3,7 +3,7 @@
 // Given buffers with sizes and lifetimes, choose an offset for each so that
 // two buffers whose lifetimes overlap never overlap in memory, and the plan
 // size (the highest end offset) is as close as possible to LOAD, the peak over
-// time of the sum of live sizes (no valid plan can be smaller).
+// time of the bytes in use (no valid plan can be smaller; see load()).
 //
 // Invariants kept by every function here:
 //   * A returned plan is valid: validate() of it returns an empty string.
@@ -12,6 +12,11 @@
 //     Options::budget_seconds (the wall clock is only a safety cap).
 //   * Offsets are sums of buffer sizes and fixed-buffer ends, so if every size
 //     and fixed offset is a multiple of some alignment, so is every offset.
+//   * Sizes are bounded: the total, sum of buffer sizes + highest fixed end
+//     (offset + size), must be at most 2^63 (plan(), greedy_by_size() and
+//     load() throw std::invalid_argument otherwise, naming the first buffer
+//     or fixed buffer past it). Every offset + size of a plan is then at most
+//     2^63, and sums of two such values cannot overflow 64 bits.
 //
 // Sources: best fit by decreasing size (TFLite ArenaPlanner /
 // SimpleMemoryArena, XLA GlobalDecreasingSizeBestFitHeap); MiniMalloc
@@ -53,9 +58,12 @@ struct Problem {
 };
 
 struct Options {
-  // Budget of the improvement search, in seconds. 0 gives the best of the
-  // constructive heuristics only. The search converts this to a work count,
-  // so the same input and budget give the same plan on any machine.
+  // Budget of plan(), in seconds. plan() converts it to a work count, so the
+  // same input and budget give the same plan on any machine; every call may
+  // spend at least a floor of about c * N log N (N buffers and obstacles),
+  // whatever the budget. 0 gives the best of the constructive heuristics that
+  // fit in that floor, and no improvement search. See plan() for the wall
+  // time this gives.
   double budget_seconds = 1.0;
   std::uint64_t seed = 0;
 };
@@ -63,33 +71,54 @@ struct Options {
 struct Result {
   std::vector<std::uint64_t> offsets;  // one per Problem::buffers entry
   std::uint64_t size = 0;         // max over buffers and fixed of offset + size
-  std::uint64_t load = 0;         // LOAD of the problem (fixed buffers included)
-  std::uint64_t greedy_size = 0;  // size of best fit by decreasing size
+  std::uint64_t load = 0;         // LOAD of the problem (see load())
+  // Size of best fit by decreasing size (greedy_by_size()); 0 when plan()
+  // could not finish that baseline within its budget (large instances).
+  std::uint64_t greedy_size = 0;
   double seconds = 0.0;           // wall time spent in plan()
   std::string method;             // which strategy produced the returned offsets
 };
 
-// LOAD: max over time of the sum of sizes of live buffers (fixed included).
-// (Fixed obstacles that overlap one another count once each, so LOAD is no
-// lower bound then; plan() uses its own bound, see planner_bound.h.)
+// LOAD: max over time of the bytes in use: the sizes of the live buffers
+// plus the bytes covered by the live fixed obstacles, where obstacles that
+// overlap one another count once (the union of their byte ranges at that
+// time). So LOAD is a lower bound on the size of every valid plan.
 // Throws std::invalid_argument naming the first bad buffer.
 std::uint64_t load(const Problem& problem);
 
 // Baseline: best fit by decreasing size (ties by earlier start, then longer
-// lifetime, then index).
+// lifetime, then index). It has no budget: its time grows with the number of
+// buffers times the gaps each placement walks past, faster than linearly
+// with long, interleaved lifetimes (on the reference machine about 1.5 s for
+// 20,000 such buffers, 10-30 s for 100,000), about linearly with short ones
+// (0.2-0.4 s for 100,000). plan() does not wait for it on large instances.
 // Throws std::invalid_argument on a malformed problem.
 Result greedy_by_size(const Problem& problem);
 
-// The planner: constructive heuristics, then a search that repairs the
-// buffers defining the peak, within the budget; returns the best valid plan.
-// It stops early once the plan reaches a lower bound: LOAD, or with fixed
-// obstacles a per-tick bound of the gaps they leave (planner_bound.h).
+// The planner: the baseline and other constructive heuristics, then a search
+// that repairs the buffers defining the peak, within the budget; returns the
+// best valid plan. It stops early once the plan reaches a lower bound: LOAD,
+// or with fixed obstacles a per-tick bound of the gaps they leave
+// (planner_bound.h).
+//
+// Wall time: plan() returns within about max(budget_seconds, c * N log N) +
+// c' * N log N for N buffers and obstacles: the work count covers the
+// heuristics and the search (at least the floor of Options), and the second
+// term is the part no budget can skip (reading the problem, the final
+// validity check; c' * N log N is about 0.1 s for N = 100,000 on the
+// reference machine, see planner.cpp). When the baseline cannot finish within
+// the work count (large instances), the buffers it placed are kept and the
+// rest placed by a sweep over time, or a sweep places all of them, whichever
+// is lower (planner_sweep.h: O(N log N)); Result::greedy_size is then 0. A
+// wall-clock safety cap (twice the time the work count stands for, plus
+// 0.25 s) ends any search that runs over.
 // Throws std::invalid_argument on a malformed problem.
 Result plan(const Problem& problem, const Options& options = Options{});
 
 // Empty string if `offsets` is a valid plan for `problem`; otherwise a
 // message naming the first pair of buffers that collide (or the size
-// mismatch).
+// mismatch, or an offset + size past 2^64 - 1). No limit on the total here;
+// O(N log N). Throws std::invalid_argument on a malformed lifetime.
 std::string validate(const Problem& problem,
                      const std::vector<std::uint64_t>& offsets);
 

@@ -168,8 +168,8 @@ std::uint64_t lower_bound(const Instance& inst, Work* work) {
   const ObstacleMap map(inst);
   if (map.empty()) return std::max(inst.load, inst.fixed_top);
   const std::int32_t T = inst.ticks;
-  // Live bytes of free buffers per tick (inst.live also counts obstacles,
-  // and overlapping obstacles twice: not a bound then).
+  // Live bytes of free buffers per tick (inst.live also counts the
+  // obstacles).
   std::vector<std::uint64_t> items(static_cast<std::size_t>(T) + 1, 0);
   std::vector<std::vector<std::uint32_t>> starts(items.size()), ends(items.size());
   for (const Piece& p : inst.pieces) {

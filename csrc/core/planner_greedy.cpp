@@ -13,13 +13,12 @@ namespace renaissance::planner::detail {
 
 OccupancyTree::OccupancyTree(std::int32_t ticks)
     : ticks_(ticks),
-      own_(4 * static_cast<std::size_t>(std::max(ticks, 1))),
-      sub_(own_.size()) {}
+      nodes_(4 * static_cast<std::size_t>(std::max(ticks, 1))) {}
 
 void OccupancyTree::clear() {
   for (std::uint32_t v : dirty_) {
-    own_[v].clear();
-    sub_[v].clear();
+    nodes_[v].own.clear();
+    nodes_[v].sub.clear();
   }
   dirty_.clear();
 }
@@ -51,10 +50,12 @@ void OccupancyTree::insert(std::int32_t lo, std::int32_t hi, Span s) {
 void OccupancyTree::insert(std::uint32_t v, std::int32_t l, std::int32_t r,
                            std::int32_t lo, std::int32_t hi, Span s) {
   if (r <= lo || hi <= l) return;
-  if (sub_[v].empty() && own_[v].empty()) dirty_.push_back(v);
-  add(sub_[v], s);
+  ++touches_;
+  Node& node = nodes_[v];
+  if (node.sub.empty() && node.own.empty()) dirty_.push_back(v);
+  add(node.sub, s);
   if (lo <= l && r <= hi) {
-    add(own_[v], s);
+    add(node.own, s);
     return;
   }
   const std::int32_t m = l + (r - l) / 2;
@@ -71,12 +72,14 @@ void OccupancyTree::collect(std::uint32_t v, std::int32_t l, std::int32_t r,
                             std::int32_t lo, std::int32_t hi,
                             std::vector<List>& out) const {
   if (r <= lo || hi <= l) return;
+  ++touches_;
+  const Node& node = nodes_[v];
   if (lo <= l && r <= hi) {
-    if (!sub_[v].empty()) out.emplace_back(sub_[v].data(), sub_[v].data() + sub_[v].size());
+    if (!node.sub.empty()) out.emplace_back(node.sub.data(), node.sub.data() + node.sub.size());
     return;
   }
-  if (sub_[v].empty()) return;
-  if (!own_[v].empty()) out.emplace_back(own_[v].data(), own_[v].data() + own_[v].size());
+  if (node.sub.empty()) return;
+  if (!node.own.empty()) out.emplace_back(node.own.data(), node.own.data() + node.own.size());
   const std::int32_t m = l + (r - l) / 2;
   collect(2 * v, l, m, lo, hi, out);
   collect(2 * v + 1, m, r, lo, hi, out);
@@ -89,6 +92,7 @@ void Placer::reset(const std::vector<std::uint64_t>& offsets) {
   for (std::uint32_t i = 0; i < inst_.num_items; ++i) {
     if (offsets[i] != kUnplaced) commit(i, offsets[i]);
   }
+  tree_.take_touches();  // a reset is charged by its caller
 }
 
 void Placer::commit(std::uint32_t item, std::uint64_t offset) {
@@ -98,53 +102,105 @@ void Placer::commit(std::uint32_t item, std::uint64_t offset) {
   }
 }
 
+namespace {
+
+// First span in [first, last) ending after `x` (spans are sorted and
+// disjoint, so their ends are sorted too): exponential then binary search,
+// cheap when the answer is near `first`.
+const Span* skip_covered(const Span* first, const Span* last, std::uint64_t x) {
+  std::size_t step = 1;
+  const Span* lo = first;
+  while (lo + step < last && (lo + step)->end <= x) {
+    lo += step;
+    step *= 2;
+  }
+  const Span* hi = lo + step < last ? lo + step + 1 : last;
+  return std::upper_bound(lo, hi, x, [](std::uint64_t v, const Span& sp) { return v < sp.end; });
+}
+
+}  // namespace
+
 std::uint64_t Placer::find_offset(std::uint32_t item, Fit fit, Work& work) {
   lists_.clear();
   for (std::uint32_t k = inst_.piece_begin[item]; k < inst_.piece_begin[item + 1]; ++k) {
     tree_.collect(inst_.pieces[k].lo, inst_.pieces[k].hi, lists_);
   }
-  // Walk the union of the sorted lists in offset order (k-way merge on a
-  // binary min-heap of list heads), tracking the gaps.
-  auto heads = lists_.data();
-  std::size_t k = lists_.size();
-  auto less = [](const OccupancyTree::List& a, const OccupancyTree::List& b) {
-    return a.first->off > b.first->off;  // for a min-heap via std::*_heap
-  };
-  std::make_heap(heads, heads + k, less);
+  // Walk the union of the sorted lists in offset order, tracking the gaps:
+  // a k-way merge on a loser tree over the lists' current spans, keyed by
+  // offset (an exhausted list has key ~0, above any offset: offsets stay
+  // below 2^63, see planner_instance.h). A current span that ends at or
+  // below the covered prefix [0, cur) adds nothing: its list skips past
+  // every such span at once (an exponential search). The gaps seen, hence
+  // the offset chosen, are those of a plain merge.
+  const std::size_t k = lists_.size();
+  std::size_t leaves = 1;
+  while (leaves < k) leaves *= 2;
+  constexpr std::uint64_t kDone = ~std::uint64_t{0};
+  keys_.assign(leaves, kDone);
+  for (std::size_t i = 0; i < k; ++i) keys_[i] = lists_[i].first->off;
+  // loser_[v] (v in [1, leaves)) is the list that lost the match at node v
+  // (leaves at [leaves, 2 leaves)); the first tournament is played bottom up,
+  // with each node's winner in winners_.
+  loser_.resize(leaves);
+  winners_.resize(2 * leaves);
+  for (std::size_t i = 0; i < leaves; ++i) winners_[leaves + i] = static_cast<std::uint32_t>(i);
+  for (std::size_t v = leaves; v-- > 1;) {
+    const std::uint32_t x = winners_[2 * v], y = winners_[2 * v + 1];
+    const bool y_wins = keys_[y] < keys_[x];
+    winners_[v] = y_wins ? y : x;
+    loser_[v] = y_wins ? x : y;
+  }
+  std::uint32_t top = leaves > 1 ? winners_[1] : 0;
+  const std::uint64_t* key = keys_.data();
+  std::uint32_t* loser = loser_.data();
   const std::uint64_t need = inst_.size[item];
   std::uint64_t cur = 0;
-  std::uint64_t best = kUnplaced, best_gap = kUnplaced;
-  std::uint64_t steps = 0;
-  while (k > 0) {
-    std::pop_heap(heads, heads + k, less);
-    OccupancyTree::List& top = heads[k - 1];
-    const Span s = *top.first;
+  std::uint64_t best = 0, best_gap = 0;
+  bool found = false;
+  std::uint64_t steps = 0, skipped = 0;
+  while (key[top] != kDone) {
+    OccupancyTree::List& list = lists_[top];
+    const Span s = *list.first;
     ++steps;
-    if (++top.first == top.second) {
-      --k;
+    if (s.end <= cur) {
+      const Span* next = skip_covered(list.first, list.second, cur);
+      skipped += static_cast<std::uint64_t>(next - list.first) - 1;
+      list.first = next;
     } else {
-      std::push_heap(heads, heads + k, less);
-    }
-    if (s.off > cur) {
-      const std::uint64_t gap = s.off - cur;
-      if (gap >= need) {
-        if (fit == Fit::kFirst) {
-          best = cur;
-          break;
-        }
-        if (gap < best_gap) {
+      ++list.first;
+      if (s.off > cur) {
+        const std::uint64_t gap = s.off - cur;
+        if (gap >= need && (!found || gap < best_gap)) {
+          found = true;
           best_gap = gap;
           best = cur;
-          if (gap == need) break;
+          if (fit == Fit::kFirst || gap == need) break;
         }
       }
+      cur = s.end;
     }
-    if (s.end > cur) cur = s.end;
+    std::uint64_t kw = list.first == list.second ? kDone : list.first->off;
+    keys_[top] = kw;
+    // Replay the matches from the leaf to the root (branch-free selects; the
+    // winner's key travels along, so the chain is compare and select only).
+    std::uint32_t w = top;
+    for (std::size_t v = (top + leaves) >> 1; v > 0; v >>= 1) {
+      const std::uint32_t l = loser[v];
+      const std::uint64_t kl = key[l];
+      const bool l_wins = kl < kw;
+      loser[v] = l_wins ? w : l;
+      w = l_wins ? l : w;
+      kw = l_wins ? kl : kw;
+    }
+    top = w;
   }
-  // Units (see planner.cpp) are about 4 ns here: a heap step costs about 7,
-  // the tree walk and the commit about 170.
-  work.add(170 + 7 * steps);
-  return best != kUnplaced ? best : cur;
+  // Units (see planner.cpp) are about 4 ns: a merge step costs about 7, a
+  // span skipped over about 1, the tree walk and the commit about 170 while
+  // the tree fits in the cache; beyond that each node the walk or the commit
+  // touches costs about a cache miss more.
+  const std::uint64_t touched = tree_.take_touches();
+  work.add(170 + 7 * steps + skipped + (tree_.large() ? 4 * touched : 0));
+  return found ? best : cur;
 }
 
 std::uint64_t Placer::place(const std::vector<std::uint32_t>& order,
@@ -155,6 +211,18 @@ std::uint64_t Placer::place(const std::vector<std::uint32_t>& order,
     commit(item, offsets[item]);
   }
   return height(inst_, offsets);
+}
+
+bool Placer::try_place(const std::vector<std::uint32_t>& order,
+                       std::vector<std::uint64_t>& offsets, Fit fit, Work& work,
+                       std::uint64_t& h) {
+  for (std::uint32_t item : order) {
+    if (work.out()) return false;
+    offsets[item] = find_offset(item, fit, work);
+    commit(item, offsets[item]);
+  }
+  h = height(inst_, offsets);
+  return true;
 }
 
 std::vector<std::uint64_t> initial_offsets(const Instance& inst) {

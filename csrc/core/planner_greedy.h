@@ -75,12 +75,13 @@ struct Span {
 };
 
 // Segment tree over ticks. Node v keeps two merged (disjoint, sorted) lists
-// of memory ranges: own_[v], the ranges of pieces whose canonical cover
-// includes v, and sub_[v], the union of own_ over v's subtree. The ranges
-// used by items overlapping [lo, hi) are then the union of own_ on the
-// boundary paths and sub_ on the canonical nodes of [lo, hi): O(log T) lists,
-// each already merged, so a query costs about the number of holes, not the
-// number of overlapping items.
+// of memory ranges: own, the ranges of pieces whose canonical cover includes
+// v, and sub, the union of own over v's subtree. The ranges used by items
+// overlapping [lo, hi) are then the union of own on the boundary paths and
+// sub on the canonical nodes of [lo, hi): O(log T) lists, each already
+// merged, so a query costs about the number of holes, not the number of
+// overlapping items (Placer::find_offset merges them, skipping runs of
+// spans already covered).
 class OccupancyTree {
  public:
   explicit OccupancyTree(std::int32_t ticks);
@@ -90,6 +91,14 @@ class OccupancyTree {
   // sorted and merged; ranges in different lists may overlap.
   using List = std::pair<const Span*, const Span*>;
   void collect(std::int32_t lo, std::int32_t hi, std::vector<List>& out) const;
+  // Nodes visited by insert() and collect() since the last call.
+  std::uint64_t take_touches() {
+    const std::uint64_t t = touches_;
+    touches_ = 0;
+    return t;
+  }
+  // True when the nodes outgrow the cache (then a visit costs about a miss).
+  bool large() const { return nodes_.size() > kCacheNodes; }
 
  private:
   void insert(std::uint32_t v, std::int32_t l, std::int32_t r, std::int32_t lo,
@@ -98,8 +107,13 @@ class OccupancyTree {
                std::int32_t hi, std::vector<List>& out) const;
   static void add(std::vector<Span>& list, Span s);
 
+  struct Node {
+    std::vector<Span> own, sub;  // together: one cache line per node
+  };
+  static constexpr std::size_t kCacheNodes = std::size_t{1} << 18;
   std::int32_t ticks_;
-  std::vector<std::vector<Span>> own_, sub_;
+  std::vector<Node> nodes_;
+  mutable std::uint64_t touches_ = 0;
   std::vector<std::uint32_t> dirty_;
 };
 
@@ -116,14 +130,22 @@ class Placer {
   void commit(std::uint32_t item, std::uint64_t offset);
 
   // Places `order` one by one on top of `offsets` (reset() first); returns
-  // the plan height (max end of all placed items, fixed included).
+  // the plan height (max end of all placed items, fixed included). Runs to
+  // the end whatever the budget (callers bound it).
   std::uint64_t place(const std::vector<std::uint32_t>& order,
                       std::vector<std::uint64_t>& offsets, Fit fit, Work& work);
+  // The same, but gives up (returns false; `offsets` then holds a partial
+  // plan) once `work` is out before an item; on success sets `height`.
+  bool try_place(const std::vector<std::uint32_t>& order, std::vector<std::uint64_t>& offsets,
+                 Fit fit, Work& work, std::uint64_t& height);
 
  private:
   const Instance& inst_;
   OccupancyTree tree_;
   std::vector<OccupancyTree::List> lists_;
+  // find_offset's merge scratch (a loser tree over lists_).
+  std::vector<std::uint64_t> keys_;
+  std::vector<std::uint32_t> loser_, winners_;
 };
 
 // Offsets vector with fixed obstacles in place and free items unplaced.

@@ -43,7 +43,8 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
   std::vector<std::uint64_t> cur = offsets, offs;
   std::uint64_t cur_height = height;
   std::vector<std::uint32_t> top, removed;
-  std::vector<char> mark(static_cast<std::size_t>(inst.ticks), 0);
+  std::vector<std::int32_t> mark(static_cast<std::size_t>(inst.ticks) + 1, 0);
+  std::vector<std::int32_t> marked(static_cast<std::size_t>(inst.ticks) + 1, 0);
   // A round costs about one reset of the tree plus a few placements; stop
   // when the budget cannot pay for another one.
   std::uint64_t round_cost = 0;
@@ -61,9 +62,16 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
     // Ruin: pick one of them, and clear the region above a random level over
     // its lifetime (itself included); every other item keeps its offset.
     const std::uint32_t pivot = top[mix(rng) % top.size()];
+    // marked[t]: the pivot's ticks before t (a prefix count, so that an
+    // item's overlap with the pivot costs O(1) per piece, not its length).
     std::fill(mark.begin(), mark.end(), 0);
     for (std::uint32_t k = inst.piece_begin[pivot]; k < inst.piece_begin[pivot + 1]; ++k) {
-      for (std::int32_t t = inst.pieces[k].lo; t < inst.pieces[k].hi; ++t) mark[t] = 1;
+      mark[inst.pieces[k].lo] += 1;
+      mark[inst.pieces[k].hi] -= 1;
+    }
+    for (std::int32_t t = 0, inside = 0; t < inst.ticks; ++t) {
+      inside += mark[t];
+      marked[t + 1] = marked[t] + (inside > 0 ? 1 : 0);
     }
     const double u = 0.5 + 0.5 * static_cast<double>(mix(rng) >> 11) * 0x1.0p-53;
     const auto level = static_cast<std::uint64_t>(static_cast<double>(cur_height) * u);
@@ -73,12 +81,7 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
       if (cur[i] + inst.size[i] <= level) continue;
       bool hit = false;
       for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1] && !hit; ++k) {
-        for (std::int32_t t = inst.pieces[k].lo; t < inst.pieces[k].hi; ++t) {
-          if (mark[t]) {
-            hit = true;
-            break;
-          }
-        }
+        hit = marked[inst.pieces[k].hi] != marked[inst.pieces[k].lo];
       }
       if (hit) {
         removed.push_back(i);
@@ -96,7 +99,9 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
     });
     placer.reset(offs);
     work.add(250 * static_cast<std::uint64_t>(n));  // the reset (about 1 us an item)
-    const std::uint64_t h = std::max(placer.place(removed, offs, Fit::kBest, work), inst.fixed_top);
+    std::uint64_t placed = 0;
+    if (!placer.try_place(removed, offs, Fit::kBest, work, placed)) return;  // out of budget
+    const std::uint64_t h = std::max(placed, inst.fixed_top);
     round_cost = work.used() - before;
     if (h <= cur_height) {  // accept sideways moves: they reshape the plan
       cur.swap(offs);
@@ -252,6 +257,9 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
   }
   std::uint64_t rng = seed ^ 0x9ea4c0ffeeull;
   std::vector<std::uint64_t> top(static_cast<std::size_t>(T));
+  std::size_t leaves = 1;
+  while (leaves < static_cast<std::size_t>(T)) leaves *= 2;
+  std::vector<std::uint64_t> tags(2 * leaves);
   std::vector<std::uint32_t> sum(static_cast<std::size_t>(T) + 1);
   std::vector<char> hot(static_cast<std::size_t>(T)), window(hot.size());
   std::vector<std::int32_t> cuts, runs;
@@ -278,19 +286,33 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
     return count;
   };
   while (height > lower_bound && !work.out()) {
-    // The plan's top per tick.
-    std::fill(top.begin(), top.end(), 0);
-    std::uint64_t walked = 0;
+    // The plan's top per tick: each piece raises the canonical nodes of its
+    // ticks in a bottom-up segment tree, then the maxima are pushed down to
+    // the leaves (O(pieces log T + T), whatever the lifetimes' lengths).
+    std::fill(tags.begin(), tags.end(), 0);
     for (std::uint32_t i = 0; i < inst.num_items; ++i) {
       const std::uint64_t end = cur[i] + inst.size[i];
       for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
-        for (std::int32_t t = inst.pieces[k].lo; t < inst.pieces[k].hi; ++t) {
-          top[t] = std::max(top[t], end);
+        std::size_t l = leaves + static_cast<std::size_t>(inst.pieces[k].lo);
+        std::size_t r = leaves + static_cast<std::size_t>(inst.pieces[k].hi);
+        for (; l < r; l >>= 1, r >>= 1) {
+          if (l & 1) {
+            tags[l] = std::max(tags[l], end);
+            ++l;
+          }
+          if (r & 1) {
+            --r;
+            tags[r] = std::max(tags[r], end);
+          }
         }
-        walked += static_cast<std::uint64_t>(inst.pieces[k].hi - inst.pieces[k].lo);
       }
     }
-    work.add(walked / 4 + inst.num_items);
+    for (std::size_t v = 1; v < leaves; ++v) {
+      tags[2 * v] = std::max(tags[2 * v], tags[v]);
+      tags[2 * v + 1] = std::max(tags[2 * v + 1], tags[v]);
+    }
+    for (std::int32_t t = 0; t < T; ++t) top[t] = tags[leaves + static_cast<std::size_t>(t)];
+    work.add(inst.pieces.size() * 8 + 3 * leaves);
     // The freed set: every item live in the window of this stage; too many,
     // and it is cut to one run of the window, then to one hot tick of it.
     const Stage& st = kStages[stage];

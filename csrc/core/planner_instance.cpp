@@ -3,13 +3,16 @@
 // Invariants kept here (see planner_instance.h): a Problem is either rejected
 // with std::invalid_argument naming the first bad entry, or normalized into
 // pieces over compressed ticks that overlap exactly when the original
-// lifetimes do; size sums are checked against 64-bit overflow.
+// lifetimes do; the total is checked against kMaxTotal (2^63); LOAD merges
+// overlapping obstacles (a measure tree over their offsets and ends).
 #include "core/planner_instance.h"
 
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace renaissance::planner::detail {
 namespace {
@@ -64,18 +67,6 @@ int split_lifetime(std::int64_t lower, std::int64_t upper, std::int64_t period,
   return 2;
 }
 
-namespace {
-
-std::uint64_t add_checked(std::uint64_t a, std::uint64_t b, const char* what,
-                          std::size_t index) {
-  if (a > std::numeric_limits<std::uint64_t>::max() - b) {
-    bad(what, index, "sizes overflow 64 bits when summed");
-  }
-  return a + b;
-}
-
-}  // namespace
-
 void check_period(const Problem& problem) {
   if (problem.period < 0) {
     throw std::invalid_argument("planner: negative period " +
@@ -88,22 +79,78 @@ void check_period(const Problem& problem) {
 }
 
 std::uint64_t check_sizes(const Problem& problem) {
+  // Every fixed end, and the total (highest fixed end + every buffer size),
+  // must be at most kMaxTotal: any offset + size the planner computes is
+  // then at most kMaxTotal, and a sum of two of them still fits in 64 bits.
   std::uint64_t fixed_top = 0;
   for (std::size_t i = 0; i < problem.fixed.size(); ++i) {
     const FixedBuffer& f = problem.fixed[i];
-    fixed_top = std::max(fixed_top, add_checked(f.offset, f.size, "fixed buffer", i));
+    if (f.size > kMaxTotal || f.offset > kMaxTotal - f.size) {
+      bad("fixed buffer", i,
+          "end (offset " + std::to_string(f.offset) + " + size " + std::to_string(f.size) +
+              ") exceeds 2^63");
+    }
+    fixed_top = std::max(fixed_top, f.offset + f.size);
   }
   std::uint64_t sum = fixed_top;
   for (std::size_t i = 0; i < problem.buffers.size(); ++i) {
-    sum = add_checked(sum, problem.buffers[i].size, "buffer", i);
-  }
-  // LOAD also sums fixed sizes; it never exceeds sum(buffer sizes) + sum(fixed
-  // sizes), so check that too.
-  for (std::size_t i = 0; i < problem.fixed.size(); ++i) {
-    sum = add_checked(sum, problem.fixed[i].size, "fixed buffer", i);
+    if (problem.buffers[i].size > kMaxTotal - sum) {
+      bad("buffer", i,
+          "total size (sum of buffer sizes + highest fixed end) exceeds 2^63, so offsets + "
+          "sizes could overflow");
+    }
+    sum += problem.buffers[i].size;
   }
   return fixed_top;
 }
+
+namespace {
+
+// Length of the union of a dynamic set of ranges over fixed coordinates
+// (the classic measure tree): count_[v] is the number of ranges stored at
+// node v (covering all of v's part), len_[v] the length of v's part covered
+// by the ranges stored at v or below it. O(log m) an update.
+class MeasureTree {
+ public:
+  explicit MeasureTree(std::vector<std::uint64_t> coords) : x_(std::move(coords)) {
+    const std::size_t leaves = x_.size() > 1 ? x_.size() - 1 : 1;
+    count_.assign(4 * leaves, 0);
+    len_.assign(4 * leaves, 0);
+  }
+  // Adds (delta = +1) or removes (-1) the range [a, b), both in x_.
+  void update(std::uint64_t a, std::uint64_t b, int delta) {
+    const auto l = static_cast<std::size_t>(std::lower_bound(x_.begin(), x_.end(), a) - x_.begin());
+    const auto r = static_cast<std::size_t>(std::lower_bound(x_.begin(), x_.end(), b) - x_.begin());
+    if (l < r) update(1, 0, x_.size() - 1, l, r, delta);
+  }
+  std::uint64_t covered() const { return len_[1]; }
+
+ private:
+  void update(std::size_t v, std::size_t lo, std::size_t hi, std::size_t l, std::size_t r,
+              int delta) {
+    if (r <= lo || hi <= l) return;
+    if (l <= lo && hi <= r) {
+      count_[v] += delta;
+    } else {
+      const std::size_t m = lo + (hi - lo) / 2;
+      update(2 * v, lo, m, l, r, delta);
+      update(2 * v + 1, m, hi, l, r, delta);
+    }
+    if (count_[v] > 0) {
+      len_[v] = x_[hi] - x_[lo];
+    } else if (hi - lo == 1) {
+      len_[v] = 0;
+    } else {
+      len_[v] = len_[2 * v] + len_[2 * v + 1];
+    }
+  }
+
+  std::vector<std::uint64_t> x_;
+  std::vector<std::int32_t> count_;
+  std::vector<std::uint64_t> len_;
+};
+
+}  // namespace
 
 std::int64_t Instance::length(std::uint32_t item) const {
   std::int64_t n = 0;
@@ -189,21 +236,56 @@ Instance::Instance(const Problem& problem) {
     if (piece_begin[i + 1] - piece_begin[i] > 1) multi_piece = true;
   }
 
-  // Live profile and LOAD.
+  // Live profile and LOAD: free buffers by size, fixed obstacles by the
+  // union of their ranges (overlapping obstacles count once).
   live.assign(static_cast<std::size_t>(ticks) + 1, 0);
   std::vector<std::uint64_t> ends(static_cast<std::size_t>(ticks) + 1, 0);
   for (const Piece& p : pieces) {
+    if (p.item >= num_free) continue;
     live[p.lo] += size[p.item];
     ends[p.hi] += size[p.item];
   }
   std::uint64_t cur = 0;
-  load = 0;
   for (std::int32_t t = 0; t < ticks; ++t) {
     cur = cur + live[t] - ends[t];
     live[t] = cur;
-    load = std::max(load, cur);
   }
   live.resize(static_cast<std::size_t>(ticks));
+  if (num_items > num_free) {
+    std::vector<std::uint64_t> coords;
+    coords.reserve(2 * static_cast<std::size_t>(num_items - num_free));
+    for (std::uint32_t i = num_free; i < num_items; ++i) {
+      coords.push_back(fixed_offset[i - num_free]);
+      coords.push_back(fixed_offset[i - num_free] + size[i]);
+    }
+    std::sort(coords.begin(), coords.end());
+    coords.erase(std::unique(coords.begin(), coords.end()), coords.end());
+    MeasureTree union_of(std::move(coords));
+    // (tick, +1 start / -1 end, item): ends of a tick before its starts.
+    struct Event {
+      std::int32_t t;
+      int delta;
+      std::uint32_t item;
+    };
+    std::vector<Event> events;
+    for (std::uint32_t k = piece_begin[num_free]; k < pieces.size(); ++k) {
+      events.push_back({pieces[k].lo, 1, pieces[k].item});
+      events.push_back({pieces[k].hi, -1, pieces[k].item});
+    }
+    std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+      return a.t != b.t ? a.t < b.t : a.delta < b.delta;
+    });
+    std::size_t e = 0;
+    for (std::int32_t t = 0; t < ticks; ++t) {
+      for (; e < events.size() && events[e].t == t; ++e) {
+        const std::uint64_t off = fixed_offset[events[e].item - num_free];
+        union_of.update(off, off + size[events[e].item], events[e].delta);
+      }
+      live[t] += union_of.covered();
+    }
+  }
+  load = 0;
+  for (const std::uint64_t x : live) load = std::max(load, x);
 }
 
 }  // namespace renaissance::planner::detail

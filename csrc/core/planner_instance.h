@@ -11,8 +11,13 @@
 //   * Items [0, num_free) are the buffers to place (zero-size buffers are left
 //     out: they never collide and get offset 0); items [num_free, num_items)
 //     are the fixed obstacles with non-zero size, at fixed_offset.
-//   * Sums of sizes and fixed ends fit in 64 bits (checked at construction),
-//     so no offset computed by the planner from them can overflow.
+//   * The total (highest fixed end + every buffer size) is at most
+//     kMaxTotal = 2^63 (checked at construction, else std::invalid_argument):
+//     every offset + size the planner computes is at most the total, and a
+//     sum of two such values still fits in 64 bits.
+//   * live[t] counts the free buffers live at tick t plus the union of the
+//     fixed obstacles' ranges live at t (overlapping obstacles count once),
+//     so load = max live is a lower bound on any valid plan's size.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +27,11 @@
 
 namespace renaissance::planner::detail {
 
+// Largest total a problem may have (see above).
+constexpr std::uint64_t kMaxTotal = std::uint64_t{1} << 63;
+// Marks an item without an offset yet in offsets vectors. No placed item
+// can have it as offset (offsets are below kMaxTotal); nothing uses it as a
+// height.
 constexpr std::uint64_t kUnplaced = ~std::uint64_t{0};
 
 // Checks one lifetime (throws std::invalid_argument naming `what` `index`)
@@ -32,8 +42,9 @@ int split_lifetime(std::int64_t lower, std::int64_t upper, std::int64_t period,
                    std::int64_t hi[2]);
 // Checks the period and the entry count.
 void check_period(const Problem& problem);
-// Checks that sizes and fixed ends sum within 64 bits; returns the max fixed
-// end.
+// Checks every fixed end and the total against kMaxTotal (throws
+// std::invalid_argument naming the first entry over it); returns the max
+// fixed end.
 std::uint64_t check_sizes(const Problem& problem);
 
 struct Piece {
@@ -59,7 +70,7 @@ class Instance {
   std::vector<std::int64_t> start;          // per item: lower, original time
   std::vector<std::int64_t> duration;       // per item: upper - lower
 
-  std::vector<std::uint64_t> live;  // per tick: sum of sizes live (all items)
+  std::vector<std::uint64_t> live;  // per tick: live bytes (obstacles merged)
   std::uint64_t load = 0;           // max of live
   std::uint64_t fixed_top = 0;      // max end of a fixed obstacle
   std::uint64_t total_size = 0;     // sum of free item sizes

@@ -2,7 +2,8 @@
 //
 // Invariants kept here: a profile is built once per distinct set of merged
 // obstacle spans (ticks share it); the work is O(changes x live obstacles)
-// plus O(ticks); usable() never counts a free range shorter than the class
+// plus O(ticks), and the map is left empty when the first term would pass
+// kMaxBuildWork; usable() never counts a free range shorter than the class
 // threshold and never counts obstacle bytes.
 #include "core/planner_obstacles.h"
 
@@ -18,6 +19,11 @@ namespace {
 // all (beyond it, one class: the plain free bytes).
 constexpr std::size_t kMaxClasses = 16;
 constexpr std::size_t kMaxSuffix = std::size_t{1} << 22;
+// At most this many live obstacles copied over all the ticks where the live
+// set changes; beyond it (obstacles with many different lifetimes, many of
+// them live at once) the map is left empty, which every user reads as "no
+// obstacle information": bounds and pruning are then only weaker.
+constexpr std::size_t kMaxBuildWork = std::size_t{1} << 20;
 
 }  // namespace
 
@@ -55,7 +61,7 @@ ObstacleMap::ObstacleMap(const Instance& inst) {
   std::map<std::vector<std::pair<std::uint64_t, std::uint64_t>>, std::uint32_t> known;
   std::vector<Span> spans;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> key;
-  std::size_t e = 0;
+  std::size_t e = 0, built = 0;
   while (e < events.size()) {
     const std::int32_t t = events[e].first;
     for (; e < events.size() && events[e].first == t; ++e) {
@@ -72,6 +78,11 @@ ObstacleMap::ObstacleMap(const Instance& inst) {
     const std::int32_t next =
         e < events.size() ? std::min(events[e].first, inst.ticks) : inst.ticks;
     if (live.empty()) continue;
+    built += live.size();
+    if (built > kMaxBuildWork) {
+      profiles_.clear();
+      break;
+    }
     spans.clear();
     for (const auto& s : live) spans.push_back({s.first, s.second});
     merge_spans(spans);

@@ -32,6 +32,9 @@ class ObstacleMap {
 
   explicit ObstacleMap(const Instance& inst);
 
+  // No obstacle live anywhere, or (rarely) too many obstacle changes to
+  // describe: every use then treats the instance as free of obstacles, so
+  // what it derives is only weaker.
   bool empty() const { return profiles_.empty(); }
   // Profile of the obstacles live at `tick`, or kNone when there are none.
   std::uint32_t profile(std::int32_t tick) const {

@@ -19,33 +19,48 @@ CanonicalSearch::CanonicalSearch(const Instance& inst)
   obstacles_.resize(n_);
   section_items_.resize(static_cast<std::size_t>(ticks_));
   // Sweep over pieces by start: every piece still active when another starts
-  // overlaps it.
+  // overlaps it. Free and fixed pieces are kept apart, so that the work is
+  // about the free-free and free-fixed pairs (fixed-fixed ones are never
+  // looked at), and each buffer's obstacle list is merged whenever it has
+  // doubled (its memory stays about its merged size).
   std::vector<Piece> by_lo = inst.pieces;
   std::sort(by_lo.begin(), by_lo.end(), [](const Piece& a, const Piece& b) {
     if (a.lo != b.lo) return a.lo < b.lo;
     return a.item < b.item;
   });
-  std::vector<Piece> active;
-  for (const Piece& p : by_lo) {
+  std::vector<Piece> active_free, active_fixed;
+  std::vector<std::size_t> merged(n_, 0);
+  auto keep_overlapping = [](std::vector<Piece>& active, std::int32_t lo) {
     std::size_t w = 0;
     for (std::size_t i = 0; i < active.size(); ++i) {
-      if (active[i].hi > p.lo) active[w++] = active[i];
+      if (active[i].hi > lo) active[w++] = active[i];
     }
     active.resize(w);
-    for (const Piece& q : active) {
-      const bool pf = p.item < n_, qf = q.item < n_;
-      if (pf && qf) {
+  };
+  auto add_obstacle = [&](std::uint32_t item, std::uint32_t fixed) {
+    ++obstacle_pairs_;
+    const std::uint64_t off = inst.fixed_offset[fixed - n_];
+    std::vector<Span>& ob = obstacles_[item];
+    ob.push_back({off, off + inst.size[fixed]});
+    if (ob.size() > 2 * merged[item] + 16) {
+      merge_spans(ob);
+      merged[item] = ob.size();
+    }
+  };
+  for (const Piece& p : by_lo) {
+    keep_overlapping(active_free, p.lo);
+    if (p.item < n_) {
+      for (const Piece& q : active_free) {
         overlaps_[p.item].push_back(q.item);
         overlaps_[q.item].push_back(p.item);
-      } else if (pf && !qf) {
-        obstacles_[p.item].push_back(
-            {inst.fixed_offset[q.item - n_], inst.fixed_offset[q.item - n_] + inst.size[q.item]});
-      } else if (!pf && qf) {
-        obstacles_[q.item].push_back(
-            {inst.fixed_offset[p.item - n_], inst.fixed_offset[p.item - n_] + inst.size[p.item]});
       }
+      keep_overlapping(active_fixed, p.lo);
+      for (const Piece& q : active_fixed) add_obstacle(p.item, q.item);
+      active_free.push_back(p);
+    } else {
+      for (const Piece& q : active_free) add_obstacle(q.item, p.item);
+      active_fixed.push_back(p);
     }
-    active.push_back(p);
   }
   for (std::uint32_t i = 0; i < n_; ++i) {
     std::vector<std::uint32_t>& o = overlaps_[i];
@@ -422,6 +437,9 @@ void search_small(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
   const std::uint32_t n = inst.num_free;
   if (n == 0 || height <= lower_bound) return;
   CanonicalSearch search(inst);
+  // Building it costs about a unit per (buffer, obstacle) pair overlapping
+  // in time (buffer pairs are bounded by the instance size limit).
+  work.add(search.obstacle_pairs());
   std::vector<std::uint64_t> total(n, 0);
   for (std::uint32_t i = 0; i < n; ++i) {
     for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {

@@ -50,6 +50,8 @@ class CanonicalSearch {
                std::vector<std::uint64_t>& offsets);
 
   std::uint64_t nodes() const { return nodes_; }
+  // (Free piece, fixed piece) pairs overlapping in time, seen when built.
+  std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
   // Pairwise overlaps among free items (built once, O(pairs)).
   const std::vector<std::vector<std::uint32_t>>& overlaps() const { return overlaps_; }
 
@@ -124,6 +126,7 @@ class CanonicalSearch {
   std::uint32_t initial_multi_ = 0;
   std::vector<std::uint64_t> initial_total_, initial_rem_, initial_min_off_, initial_floor_;
   std::vector<std::int32_t> next_;  // check(): next tick not yet settled
+  std::uint64_t obstacle_pairs_ = 0;
 };
 
 // Portfolio over the canonical search, with restarts: fixed pre-orders
