@@ -165,6 +165,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             ("peak reserved (MiB)", mib("peak_reserved_bytes")),
             ("fragmentation (%)", None if r.get("fragmentation") is None else 100 * r["fragmentation"]),
             ("peak reserved / LOAD", r.get("peak_reserved_over_load") if planned else None),
+            ("steady peak reserved / LOAD", r.get("steady_peak_reserved_over_load") if planned else None),
             ("address stability (%)", 100 * r["address_stability"] if planned else None),
             ("plan hit rate (%)", 100 * r["plan_hit_rate"] if planned else None),
             ("final loss", r["final_loss"]),
@@ -175,7 +176,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return "n/a"
         if name == "final loss":
             return f"{v:.6f}"
-        if name == "peak reserved / LOAD":
+        if name.endswith("/ LOAD"):
             return f"{v:.3f}"
         return f"{v:.1f}"
 
