@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 #   make TORCH_INDEX="--extra-index-url https://download.pytorch.org/whl/cpu" test
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
-DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark hypothesis numpy matplotlib
+DEPS   := setuptools wheel pybind11 ninja rich pytest numpy matplotlib
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
@@ -41,9 +41,13 @@ test: build
 test-fast: build
 	$(PY) -m pytest -q -m "not slow" tests
 
+# Each script prints its baseline beside our numbers (docs/benchmarks.md).
 bench: build
-	$(PY) -m pytest -q benchmarks --benchmark-columns=min,mean,max
 	$(PY) benchmarks/bench_planner.py
+	$(PY) benchmarks/bench_core.py
+	$(PY) benchmarks/bench_streams.py
+	$(PY) benchmarks/bench_demo.py
+	$(PY) benchmarks/bench_model_slots.py
 
 # Compiles and links the CUDA backend against /usr/local/cuda and checks the
 # torch CUDA glue against torch's headers (no GPU needed).

@@ -53,21 +53,23 @@ def main() -> int:
     rows, losses = [], set()
     for title, mode, preload in configs:
         if preload == "missing":
-            rows.append([title, "not installed", "", "", "", ""])
+            rows.append([title, "not installed", "", "", "", "", ""])
             continue
         res = run(mode, args, preload)
         if res is None:
-            rows.append([title, "failed", "", "", "", ""])
+            rows.append([title, "failed", "", "", "", "", ""])
             continue
         losses.add(tuple(res["losses"]))
         mib = lambda k: f"{res[k] / 2**20:.1f}" if res.get(k) else "n/a"
         rows.append([title, f"{1000 * res['mean_step_seconds']:.1f}", mib("peak_rss_bytes"),
                      mib("peak_reserved_bytes"),
                      f"{res['peak_reserved_over_load']:.3f}" if res.get("peak_reserved_over_load") else "n/a",
+                     f"{res['steady_peak_reserved_over_load']:.3f}"
+                     if res.get("steady_peak_reserved_over_load") else "n/a",
                      f"{res['final_loss']:.6f}"])
     print(f"Demo GPT ({args.steps} steps, batch {args.batch} x {args.seq}) — {machine()} — commit {git_rev()}")
     print(table(["allocator", "mean step (ms)", "peak RSS (MiB)", "peak reserved (MiB)",
-                 "peak reserved / LOAD", "final loss"], rows))
+                 "peak reserved / LOAD", "steady (from step 3) / LOAD", "final loss"], rows))
     print(f"losses identical across configurations: {'yes' if len(losses) == 1 else 'NO'}")
     return 0
 
