@@ -23,17 +23,6 @@
 #include "core/planner_search.h"
 
 namespace renaissance::planner::detail {
-namespace {
-
-std::uint64_t mix(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
 void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed, Work& work,
              std::uint64_t& height, std::vector<std::uint64_t>& offsets, std::string& method) {
   const std::uint32_t n = inst.num_free;

@@ -27,6 +27,15 @@
 
 namespace renaissance::planner::detail {
 
+// SplitMix64: a small, seedable generator that gives the same numbers on
+// every platform (the searches must be deterministic).
+inline std::uint64_t mix(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // Largest total a problem may have (see above).
 constexpr std::uint64_t kMaxTotal = std::uint64_t{1} << 63;
 // Marks an item without an offset yet in offsets vectors. No placed item

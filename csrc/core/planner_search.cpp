@@ -390,18 +390,6 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
   return Status::kInfeasible;
 }
 
-namespace {
-
-// SplitMix64: small, seedable, the same everywhere.
-std::uint64_t mix(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
 // Pre-order by a key string over W (duration), A (area), T (max LOAD profile
 // over the lifetime), Z (size); all descending, ties by item index. With a
 // noise level, each key is scaled by a seeded factor in [1 - noise, 1].
