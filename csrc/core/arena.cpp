@@ -17,29 +17,31 @@ namespace {
 
 constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
 
-std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
-
 std::string hex(const void* p) {
   std::ostringstream os;
   os << p;
   return os.str();
 }
 
-}  // namespace
-
-namespace {
 Device& checked(const std::shared_ptr<Device>& d) {
   if (!d) throw std::invalid_argument("Arena needs a device backend, got none");
   return *d;
 }
+
+// Key of an expandable segment in expandable_: its pool, or 3 for the
+// persistent segment of recorded optimizer steps.
+int expandable_class(PoolKind pool, bool persistent) {
+  return persistent ? 3 : static_cast<int>(pool);
+}
+
 }  // namespace
 
 Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config)
     : device_(std::move(device)),
       config_(config),
       unit_(checked(device_).alignment()),
-      ranges_ok_(device_ && device_->supports_address_ranges()),
-      events_(checked(device_)),
+      ranges_ok_(device_->supports_address_ranges()),
+      events_(*device_),
       pending_(*device_, events_) {
   if (unit_ == 0 || (unit_ & (unit_ - 1)) != 0) {
     throw std::invalid_argument("device alignment must be a power of two");
@@ -115,12 +117,12 @@ void Arena::record_stream(void* ptr, StreamId stream) {
   std::lock_guard<std::mutex> g(mu_);
   Block* b = live_block_locked(ptr, "record_stream on");
   if (stream == b->stream) return;
+  if (std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
   if (!device_->valid_stream(stream)) {
     throw std::invalid_argument("torch_renaissance: record_stream on stream " +
                                 std::to_string(stream) + ", which " + device_->name() +
                                 " does not have");
   }
-  if (std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
   b->uses.push_back(stream);
   if (steps_) steps_->on_record_stream(b, stream);
 }
@@ -144,6 +146,13 @@ void Arena::sync_point() {
 void Arena::set_capturing(bool capturing) {
   std::lock_guard<std::mutex> g(mu_);
   capturing_ = capturing;
+  if (capturing) return;
+  // Give back what release_segment_locked had to keep during the capture.
+  std::vector<Segment*> due;
+  for (auto& [base, seg] : segments_) {
+    if (seg->retire && seg->live == 0 && seg.get() != territory_) due.push_back(seg.get());
+  }
+  for (Segment* seg : due) release_segment_locked(seg);
 }
 
 void Arena::begin_step(std::uint64_t key) {
@@ -253,12 +262,12 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   // While a step is being recorded, small requests go to the large pool too:
   // the blocks that outlive the step then sit where the planner can place the
   // next steps around them, instead of fragmenting small segments for good.
-  const bool recording = steps_ && steps_->recording() && config_.expandable_segments && ranges_ok_;
+  const bool recording = steps_ && steps_->recording() && use_ranges();
   const PoolKind pool = recording ? PoolKind::kLarge : pool_for(rounded);
   // Likewise what the optimizer creates while a step is recorded goes to its
   // own segment, packed (see set_persistent_hint).
   bool persistent = recording && persistent_hint_;
-  FreeSet* set = persistent ? &persistent_free_ : (pool == PoolKind::kSmall ? &small_free_ : &large_free_);
+  FreeSet* set = &free_set(pool, persistent);
   bool synced = false, retried = false;
   for (;;) {
     if (Block* b = find_free_locked(*set, stream, rounded)) {
@@ -270,7 +279,7 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
     if (grow_locked(pool, stream, rounded, persistent)) continue;
     if (persistent) {  // no room for a packed segment: serve it as usual
       persistent = false;
-      set = pool == PoolKind::kSmall ? &small_free_ : &large_free_;
+      set = &free_set(pool, false);
       continue;
     }
     if (!synced && !pending_.empty()) {
@@ -342,21 +351,24 @@ void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stre
 }
 
 bool Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent) {
-  if (config_.expandable_segments && ranges_ok_ &&
-      grow_expandable_locked(pool, stream, rounded, persistent)) {
+  if (use_ranges() && grow_expandable_locked(pool, stream, rounded, persistent)) {
     return true;
   }
   if (persistent) return false;  // only its own expandable segment serves it
   return new_segment_locked(pool, stream, rounded) != nullptr;
 }
 
-FreeSet& Arena::free_set(const Segment* seg) {
-  if (seg->persistent) return persistent_free_;
-  return seg->pool == PoolKind::kSmall ? small_free_ : large_free_;
+FreeSet& Arena::free_set(PoolKind pool, bool persistent) {
+  if (persistent) return persistent_free_;
+  return pool == PoolKind::kSmall ? small_free_ : large_free_;
+}
+
+const FreeSet& Arena::free_set(const Segment* seg) const {
+  return const_cast<Arena*>(this)->free_set(seg->pool, seg->persistent);
 }
 
 Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent) {
-  const int cls = persistent ? 3 : static_cast<int>(pool);
+  const int cls = expandable_class(pool, persistent);
   auto it = expandable_.find({stream, cls});
   if (it != expandable_.end()) return it->second;
   const std::size_t gran = device_->range_granularity();
@@ -504,6 +516,12 @@ void Arena::trim_tail_locked(Segment* seg) {
 }
 
 void Arena::release_segment_locked(Segment* seg) {
+  if (capturing_) {
+    // No memory goes back during a CUDA-graph capture; set_capturing(false)
+    // releases it afterwards.
+    seg->retire = true;
+    return;
+  }
   if (seg->head) {
     unindex_free_locked(seg->head);
     recycle_block(seg->head);
@@ -517,7 +535,7 @@ void Arena::release_segment_locked(Segment* seg) {
   if (seg->expandable) {
     if (seg->size) device_->unmap(seg->base, seg->size);
     device_->release_range(seg->base, seg->capacity);
-    expandable_.erase({seg->stream, seg->persistent ? 3 : static_cast<int>(seg->pool)});
+    expandable_.erase({seg->stream, expandable_class(seg->pool, seg->persistent)});
   } else {
     device_->release(seg->base, seg->size);
   }
@@ -587,7 +605,7 @@ void Arena::index_free_locked(Block* b) {
   if (seg->in_territory(b)) {
     seg->plan_free.emplace(b->ptr, b);
   } else {
-    free_set(seg).insert(b);
+    free_set(seg->pool, seg->persistent).insert(b);
   }
   count_inactive_locked(b, +1);
 }
@@ -597,7 +615,7 @@ void Arena::unindex_free_locked(Block* b) {
   if (seg->in_territory(b)) {
     seg->plan_free.erase(b->ptr);
   } else {
-    free_set(seg).erase(b);
+    free_set(seg->pool, seg->persistent).erase(b);
   }
   count_inactive_locked(b, -1);
 }
@@ -774,10 +792,13 @@ void Arena::demote_locked() {
   if (seg->retire && seg->live == 0) release_segment_locked(seg);
 }
 
+Segment* Arena::territory_candidate_locked(StreamId stream) {
+  return use_ranges() ? expandable_segment_locked(stream, PoolKind::kLarge) : territory_;
+}
+
 Segment* Arena::territory_segment_locked(StreamId stream, std::size_t top) {
-  if (config_.expandable_segments && ranges_ok_) {
-    if (Segment* seg = expandable_segment_locked(stream, PoolKind::kLarge);
-        seg && top <= seg->capacity) {
+  if (use_ranges()) {
+    if (Segment* seg = territory_candidate_locked(stream); seg && top <= seg->capacity) {
       if (seg->size < top) {
         // The free tail may sit in the old territory; map the rest.
         if (territory_ == seg) demote_locked();
@@ -925,7 +946,7 @@ void Arena::check_invariants() const {
           auto f = seg->plan_free.find(b->ptr);
           if (f == seg->plan_free.end() || f->second != b) fail("territory free block not indexed");
         } else {
-          const FreeSet& s = const_cast<Arena*>(this)->free_set(seg.get());
+          const FreeSet& s = free_set(seg.get());
           if (!s.count(const_cast<Block*>(b))) fail("free block not in the best-fit index");
           (seg->persistent ? free_persistent : seg->pool == PoolKind::kSmall ? free_small : free_large)++;
         }

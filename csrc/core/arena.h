@@ -22,9 +22,10 @@
 // small pool, larger ones to the large pool, so small blocks never split
 // large segments. Where the backend supports address ranges, each pool of
 // each stream is ONE expandable segment that grows and shrinks in the
-// backend's granules (PyTorch's expandable_segments); otherwise segments are
-// 2 MiB (small pool), 20 MiB (large requests below 10 MiB) or the request
-// rounded up to 2 MiB.
+// backend's granules (PyTorch's expandable_segments), plus one persistent
+// segment per stream for what optimizers create while a step is recorded;
+// otherwise segments are 2 MiB (small pool), 20 MiB (large requests below
+// 10 MiB) or the request rounded up to 2 MiB.
 #pragma once
 
 #include <cstddef>
@@ -210,7 +211,9 @@ class Arena {
   bool grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
   Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded);
   Segment* expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent = false);
-  FreeSet& free_set(const Segment* seg);
+  FreeSet& free_set(PoolKind pool, bool persistent);
+  const FreeSet& free_set(const Segment* seg) const;
+  bool use_ranges() const { return config_.expandable_segments && ranges_ok_; }
   bool map_tail_locked(Segment* seg, std::size_t bytes);
   void trim_tail_locked(Segment* seg);
   void release_segment_locked(Segment* seg);
@@ -235,6 +238,9 @@ class Arena {
   void synchronize_epoch_locked();
 
   // --- planned territory (used by StepPlanner) ----------------------------
+  // The segment a plan for `stream` goes into (its obstacles are that
+  // segment's live blocks); territory_segment_locked makes it the territory.
+  Segment* territory_candidate_locked(StreamId stream);
   Segment* territory_segment_locked(StreamId stream, std::size_t top);
   void promote_locked(Segment* seg, std::size_t top);
   void demote_locked();

@@ -26,6 +26,8 @@
 
 namespace renaissance {
 
+inline std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+
 enum class BlockState : std::uint8_t { kFree, kAllocated, kPending };
 
 struct Segment;

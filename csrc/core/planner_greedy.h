@@ -31,7 +31,6 @@ class Work {
                       std::chrono::duration<double>(cap_seconds))) {}
   void add(std::uint64_t units) { used_ += units; }
   std::uint64_t used() const { return used_; }
-  std::uint64_t limit() const { return limit_; }
   std::uint64_t left() const { return used_ >= limit_ ? 0 : limit_ - used_; }
   // True once the work count is spent, or (rarely: safety cap) the deadline.
   bool out() {

@@ -160,15 +160,6 @@ std::int64_t Instance::length(std::uint32_t item) const {
   return n;
 }
 
-bool Instance::overlaps(std::uint32_t a, std::uint32_t b) const {
-  for (std::uint32_t i = piece_begin[a]; i < piece_begin[a + 1]; ++i) {
-    for (std::uint32_t j = piece_begin[b]; j < piece_begin[b + 1]; ++j) {
-      if (pieces[i].lo < pieces[j].hi && pieces[j].lo < pieces[i].hi) return true;
-    }
-  }
-  return false;
-}
-
 Instance::Instance(const Problem& problem) {
   check_period(problem);
   fixed_top = check_sizes(problem);
@@ -192,7 +183,6 @@ Instance::Instance(const Problem& problem) {
     start.push_back(b.lower);
     duration.push_back(b.upper - b.lower);
     buffer_of.push_back(static_cast<std::uint32_t>(i));
-    total_size += b.size;
     ++item;
   }
   num_free = item;

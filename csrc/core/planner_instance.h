@@ -82,7 +82,6 @@ class Instance {
   std::vector<std::uint64_t> live;  // per tick: live bytes (obstacles merged)
   std::uint64_t load = 0;           // max of live
   std::uint64_t fixed_top = 0;      // max end of a fixed obstacle
-  std::uint64_t total_size = 0;     // sum of free item sizes
 
   std::uint32_t piece_count(std::uint32_t item) const {
     return piece_begin[item + 1] - piece_begin[item];
@@ -92,7 +91,6 @@ class Instance {
   }
   // Total length in ticks of an item's pieces.
   std::int64_t length(std::uint32_t item) const;
-  bool overlaps(std::uint32_t a, std::uint32_t b) const;
 };
 
 }  // namespace renaissance::planner::detail

@@ -42,7 +42,6 @@ class ObstacleMap {
   }
   std::uint32_t classes() const { return static_cast<std::uint32_t>(thresholds_.size()); }
   std::uint32_t class_of(std::uint64_t size) const;
-  std::uint64_t threshold(std::uint32_t cls) const { return thresholds_[cls]; }
   std::uint64_t top(std::uint32_t profile) const { return profiles_[profile].top; }
 
   // Obstacle bytes of `profile` in [from, to).

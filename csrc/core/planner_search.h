@@ -49,11 +49,9 @@ class CanonicalSearch {
                std::uint64_t node_limit, Work& work,
                std::vector<std::uint64_t>& offsets);
 
-  std::uint64_t nodes() const { return nodes_; }
   // (Free piece, fixed piece) pairs overlapping in time, seen when built.
   std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
   // Pairwise overlaps among free items (built once, O(pairs)).
-  const std::vector<std::vector<std::uint32_t>>& overlaps() const { return overlaps_; }
 
  private:
   struct Cand {

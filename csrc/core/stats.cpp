@@ -8,29 +8,26 @@
 
 namespace renaissance {
 
-namespace {
-template <typename F>
-void for_each_array(DeviceStats& s, F f) {
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
-                       &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                       &s.inactive_split_bytes, &s.requested_bytes}) {
-    for (Stat& st : *a) f(st);
-  }
-  f(s.oversize_allocations);
-  f(s.oversize_segments);
-  f(s.pending_bytes);
-}
-}  // namespace
 
 void DeviceStats::reset_peak() {
-  for_each_array(*this, [](Stat& st) { st.reset_peak(); });
+  for_each_stat(*this, *this, [](Stat& st, Stat&) { st.reset_peak(); });
 }
 
 void DeviceStats::reset_accumulated() {
-  for_each_array(*this, [](Stat& st) { st.reset_accumulated(); });
+  for_each_stat(*this, *this, [](Stat& st, Stat&) { st.reset_accumulated(); });
   num_alloc_retries = num_ooms = num_sync_all_streams = 0;
   num_device_alloc = num_device_free = 0;
   events_recorded = event_queries = 0;
+}
+
+void DeviceStats::add_counters(const DeviceStats& o) {
+  num_alloc_retries += o.num_alloc_retries;
+  num_ooms += o.num_ooms;
+  num_sync_all_streams += o.num_sync_all_streams;
+  num_device_alloc += o.num_device_alloc;
+  num_device_free += o.num_device_free;
+  events_recorded += o.events_recorded;
+  event_queries += o.event_queries;
 }
 
 std::string format_bytes(std::size_t bytes) {

@@ -74,6 +74,25 @@ struct DeviceStats {
   }
   void reset_peak();
   void reset_accumulated();
+  // Adds the event counters (num_*, events_recorded, event_queries) of `o`.
+  void add_counters(const DeviceStats& o);
 };
+
+// Calls f(a.x, b.x) for every Stat x of two DeviceStats (the StatArrays
+// element by element, then oversize_* and pending_bytes).
+template <typename A, typename B, typename F>
+void for_each_stat(A& a, B& b, F f) {
+  StatArray DeviceStats::*arrays[] = {
+      &DeviceStats::allocation,      &DeviceStats::segment,        &DeviceStats::active,
+      &DeviceStats::inactive_split,  &DeviceStats::allocated_bytes, &DeviceStats::reserved_bytes,
+      &DeviceStats::active_bytes,    &DeviceStats::inactive_split_bytes,
+      &DeviceStats::requested_bytes};
+  for (auto m : arrays) {
+    for (std::size_t i = 0; i < 3; ++i) f((a.*m)[i], (b.*m)[i]);
+  }
+  f(a.oversize_allocations, b.oversize_allocations);
+  f(a.oversize_segments, b.oversize_segments);
+  f(a.pending_bytes, b.pending_bytes);
+}
 
 }  // namespace renaissance

@@ -3,15 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <unordered_set>
-
-#include "core/planner.h"
 
 namespace renaissance {
-
-namespace {
-std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
-}  // namespace
 
 bool StepPlanner::fits(const Layout& l, std::size_t i, std::size_t rounded,
                        StreamId stream) const {
@@ -25,12 +18,12 @@ bool StepPlanner::switch_layout(std::size_t i, std::size_t rounded, StreamId str
   std::uint64_t best_use = 0;
   for (const Variant& v : variants_) {
     Layout* l = v.layout;
-    if (v.key != key_ || l == active_ || (best && v.last_used <= best_use)) continue;
+    if (l->key != key_ || l == active_ || (best && v.last_used <= best_use)) continue;
     if (!fits(*l, i, rounded, stream)) continue;
     bool ok = true;
     for (std::size_t j = 0; ok && j < i; ++j) {
-      const Entry& e = cur_->entries[j];
-      ok = fits(*l, j, e.rounded, e.stream);
+      const TraceRecord& e = cur_->entries[j];
+      ok = fits(*l, j, e.size, e.stream);
     }
     if (ok) {
       best = l;
@@ -57,11 +50,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
       // it safe; if something live is in the way, the dynamic pool serves it.
       const Slot& s = active_->slots[i];
       if (s.dynamic) return nullptr;
-      if (Block* b = arena_.territory_ ? arena_.place_locked(arena_.territory_, s.offset, rounded,
-                                                             requested, stream)
-                                       : nullptr) {
-        return b;
-      }
+      if (Block* b = place_slot(s, requested, rounded, stream)) return b;
       // It does not fit where planned: stop replaying this step and let the
       // dynamic pool use the territory's free space for the rest of it.
     }
@@ -77,9 +66,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
     ++cur_hits_;
     return nullptr;
   }
-  Block* b = arena_.territory_ ? arena_.place_locked(arena_.territory_, s.offset, rounded,
-                                                     requested, stream)
-                               : nullptr;
+  Block* b = place_slot(s, requested, rounded, stream);
   if (!b) {
     ++stats_.conflicts;
     ++step_conflicts_;
@@ -90,28 +77,34 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   return b;
 }
 
+Block* StepPlanner::place_slot(const Slot& s, std::size_t requested, std::size_t rounded,
+                               StreamId stream) {
+  return arena_.territory_
+             ? arena_.place_locked(arena_.territory_, s.offset, rounded, requested, stream)
+             : nullptr;
+}
+
 void StepPlanner::on_allocated(Block* b) {
   if (!open_) return;
   b->step = step_;
   b->seq = static_cast<std::int64_t>(cur_->entries.size());
-  Entry e;
-  e.rounded = b->size;
+  TraceRecord e;
+  e.size = b->size;
   e.stream = b->stream;
-  e.t_alloc = clock_++;
+  e.alloc_time = clock_++;
   e.address = reinterpret_cast<std::uintptr_t>(b->ptr);
   const std::size_t i = cur_->entries.size();
   if (prev_ && i < prev_->entries.size()) {
     ++cur_comparable_;
     if (prev_->entries[i].address == e.address) ++cur_same_;
   }
-  cur_->entries.push_back(e);
-  ++cur_allocations_;
+  cur_->entries.push_back(std::move(e));
 }
 
 void StepPlanner::on_free(Block* b) {
   if (b->step == 0) return;
   if (open_ && b->step == step_) {
-    cur_->entries[static_cast<std::size_t>(b->seq)].t_free = clock_++;
+    cur_->entries[static_cast<std::size_t>(b->seq)].free_time = clock_++;
   } else if (open_ && prev_ && b->step == prev_->step) {
     cur_->livein_frees.emplace_back(b->seq, clock_++);
   } else {
@@ -127,9 +120,8 @@ void StepPlanner::on_free(Block* b) {
 }
 
 void StepPlanner::on_record_stream(Block* b, StreamId stream) {
-  if (!open_ || b->step != step_) return;
-  auto& uses = cur_->entries[static_cast<std::size_t>(b->seq)].uses;
-  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+  // The arena calls this once per new (block, stream) use.
+  if (open_ && b->step == step_) cur_->entries[static_cast<std::size_t>(b->seq)].streams_used.push_back(stream);
 }
 
 bool StepPlanner::activate_territory() {
@@ -155,7 +147,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
   clock_ = 0;
   missed_ = false;
   step_conflicts_ = 0;
-  cur_allocations_ = cur_hits_ = cur_same_ = cur_comparable_ = 0;
+  cur_hits_ = cur_same_ = cur_comparable_ = 0;
   cur_ = std::make_unique<StepTrace>();
   cur_->step = step_;
   // Frees of the previous step's buffers that happened after it ended count
@@ -164,14 +156,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
     for (std::int64_t seq : prev_->later_frees) cur_->livein_frees.emplace_back(seq, clock_++);
     prev_->later_frees.clear();
   }
-  active_ = nullptr;
-  std::uint64_t best = 0;
-  for (const Variant& v : variants_) {
-    if (v.key == key_ && (!active_ || v.last_used > best)) {
-      active_ = v.layout;
-      best = v.last_used;
-    }
-  }
+  active_ = most_recent_layout(&key_);
   replaying_ = active_ && activate_territory();
   if (replaying_) ++stats_.planned_steps;
 }
@@ -187,8 +172,8 @@ void StepPlanner::end_step() {
   replaying_ = false;
   cur_->end_time = clock_;
   ++stats_.steps;
-  if (cur_allocations_) {
-    stats_.last_step_allocations = cur_allocations_;
+  if (!cur_->entries.empty()) {
+    stats_.last_step_allocations = static_cast<std::int64_t>(cur_->entries.size());
     stats_.last_step_hits = cur_hits_;
     stats_.last_step_same_address = cur_same_;
     stats_.last_step_comparable = cur_comparable_;
@@ -197,21 +182,18 @@ void StepPlanner::end_step() {
   // Which variant was this step? Exact size sequences identify variants.
   std::vector<std::size_t> sizes;
   sizes.reserve(cur_->entries.size());
-  for (const Entry& e : cur_->entries) sizes.push_back(e.rounded);
-  Variant* known = nullptr;
-  for (Variant& v : variants_) {
-    if (v.key == key_ && v.sizes == sizes) known = &v;
-  }
+  for (const TraceRecord& e : cur_->entries) sizes.push_back(e.size);
+  Variant* known = find_variant(sizes);
   if (known) {
     known->last_used = ++use_clock_;
     Layout* l = known->layout;
     l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
     // Conflicts that persist (a new long-lived block in the way): re-plan.
-    if (l->conflict_streak >= 2 && prev_) plan_step();
+    if (l->conflict_streak >= 2 && prev_) plan_step(std::move(sizes));
   } else if (Layout* l = covering_layout(); l && !missed_) {
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
   } else if (prev_ && !cur_->entries.empty()) {
-    plan_step();
+    plan_step(std::move(sizes));
   }
   if (settle_steps_ > 0) {
     --settle_steps_;
@@ -225,14 +207,36 @@ void StepPlanner::end_step() {
   prev_ = nullptr;
 }
 
+StepPlanner::Layout* StepPlanner::most_recent_layout(const std::uint64_t* key) const {
+  const Variant* best = nullptr;
+  for (const Variant& v : variants_) {
+    if ((!key || v.layout->key == *key) && (!best || v.last_used > best->last_used)) best = &v;
+  }
+  return best ? best->layout : nullptr;
+}
+
+StepPlanner::Variant* StepPlanner::find_variant(const std::vector<std::size_t>& sizes) {
+  for (Variant& v : variants_) {
+    if (v.layout->key == key_ && v.sizes == sizes) return &v;
+  }
+  return nullptr;
+}
+
+bool StepPlanner::same_structure(const Layout& l) const {
+  // Same key, allocation count and streams as the open step.
+  if (l.key != key_ || l.slots.size() != cur_->entries.size()) return false;
+  for (std::size_t i = 0; i < l.slots.size(); ++i) {
+    if (l.slots[i].stream != cur_->entries[i].stream) return false;
+  }
+  return true;
+}
+
 StepPlanner::Layout* StepPlanner::covering_layout() const {
   for (const auto& l : layouts_) {
-    if (l->key != key_ || l->slots.size() != cur_->entries.size()) continue;
+    if (!same_structure(*l)) continue;
     bool ok = true;
     for (std::size_t i = 0; ok && i < l->slots.size(); ++i) {
-      const Slot& s = l->slots[i];
-      const Entry& e = cur_->entries[i];
-      ok = s.stream == e.stream && (s.dynamic || e.rounded <= s.size);
+      ok = l->slots[i].dynamic || cur_->entries[i].size <= l->slots[i].size;
     }
     if (ok) return l.get();
   }
@@ -241,13 +245,11 @@ StepPlanner::Layout* StepPlanner::covering_layout() const {
 
 void StepPlanner::remember_variant(Layout* layout, std::vector<std::size_t> sizes) {
   // Register the variant, evicting the least recently used beyond the limit.
-  auto known = std::find_if(variants_.begin(), variants_.end(),
-                            [&](const Variant& v) { return v.key == key_ && v.sizes == sizes; });
-  if (known == variants_.end()) {
-    variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_, key_});
-  } else {
+  if (Variant* known = find_variant(sizes)) {
     known->layout = layout;
     known->last_used = ++use_clock_;
+  } else {
+    variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_});
   }
   while (variants_.size() > std::max<std::size_t>(1, arena_.config_.max_variants)) {
     forget_least_recent_variant();
@@ -268,7 +270,7 @@ void StepPlanner::forget_least_recent_variant() {
   }
 }
 
-void StepPlanner::plan_step() {
+void StepPlanner::plan_step(std::vector<std::size_t> sizes) {
   const auto t0 = std::chrono::steady_clock::now();
   const StepTrace& cur = *cur_;
   const std::int64_t T = std::max<std::int64_t>(cur.end_time, 1);
@@ -286,24 +288,24 @@ void StepPlanner::plan_step() {
   std::size_t next = 0;  // cursor into `died` (ordered by the previous step's seq)
   bool wraps = false;
   for (std::size_t i = 0; i < cur.entries.size(); ++i) {
-    const Entry& e = cur.entries[i];
+    const TraceRecord& e = cur.entries[i];
     Slot& s = slots[i];
-    s.size = e.rounded;
+    s.size = e.size;
     s.stream = e.stream;
-    s.lower = e.t_alloc;
+    s.lower = e.alloc_time;
     if (e.stream != stream) {
       s.dynamic = true;
       continue;
     }
-    if (e.t_free >= 0) {
-      s.upper = !e.uses.empty() ? T : std::max(e.t_free, e.t_alloc + 1);
+    if (e.free_time >= 0) {
+      s.upper = !e.streams_used.empty() ? T : std::max(e.free_time, e.alloc_time + 1);
       continue;
     }
     // A live-out: find the next previous-step live-out of the same size that
     // died during this step; this one will die at the same point next step.
     std::size_t j = next;
     while (j < died.size() &&
-           prev_->entries[static_cast<std::size_t>(died[j].first)].rounded != e.rounded) {
+           prev_->entries[static_cast<std::size_t>(died[j].first)].size != e.size) {
       ++j;
     }
     if (j == died.size()) {
@@ -312,22 +314,19 @@ void StepPlanner::plan_step() {
     }
     next = j + 1;
     const std::int64_t t_next = died[j].second;
-    if (t_next > e.t_alloc) {
+    if (t_next > e.alloc_time) {
       s.dynamic = true;  // would overlap itself across steps (double buffering)
       continue;
     }
     s.upper = T + t_next;
-    if (!e.uses.empty()) s.upper = std::max(s.upper, T);
+    if (!e.streams_used.empty()) s.upper = std::max(s.upper, T);
     if (s.upper > T) wraps = true;
   }
 
   // Same structure as a kept layout: merge (max sizes, union of lifetimes).
   Layout* target = nullptr;
   for (auto& l : layouts_) {
-    if (l->key != key_ || l->slots.size() != slots.size()) continue;
-    bool same = true;
-    for (std::size_t i = 0; same && i < slots.size(); ++i) same = l->slots[i].stream == slots[i].stream;
-    if (same) target = l.get();
+    if (same_structure(*l)) target = l.get();
   }
   std::int64_t horizon = T;  // the step's length on the merged time axis
   if (target) {
@@ -367,12 +366,9 @@ void StepPlanner::plan_step() {
     problem.buffers.push_back(planner::Buffer{slots[i].size, slots[i].lower, slots[i].upper});
     index.push_back(i);
   }
-  Segment* seg = nullptr;
-  if (arena_.config_.expandable_segments && arena_.ranges_ok_) {
-    seg = arena_.expandable_segment_locked(stream, PoolKind::kLarge);
-  } else {
-    seg = arena_.territory_;
-  }
+  if (problem.buffers.empty()) return;
+  const std::size_t step_load = planner::load(problem);  // before the obstacles join
+  Segment* seg = arena_.territory_candidate_locked(stream);
   std::size_t obstacle_bytes = 0;
   if (seg) {
     for (Block* b = seg->head; b; b = b->next) {
@@ -386,12 +382,10 @@ void StepPlanner::plan_step() {
   for (const auto& [ptr, b] : arena_.live_) {
     if (!wraps_next_step(b)) persistent += b->size;
   }
-  if (problem.buffers.empty()) return;
 
   planner::Options opts;
   opts.budget_seconds = arena_.config_.plan_budget_seconds;
   planner::Result r = planner::plan(problem, opts);
-  last_offsets_ = r.offsets;
 
   std::unique_ptr<Layout> fresh;
   Layout* layout = target;
@@ -400,7 +394,6 @@ void StepPlanner::plan_step() {
     layout = fresh.get();
   }
   layout->slots = std::move(slots);
-  layout->period = period;
   layout->horizon = horizon;
   layout->key = key_;
   layout->stream = stream;
@@ -411,19 +404,14 @@ void StepPlanner::plan_step() {
     layout->top = std::max(layout->top, s.offset + s.size);
   }
   layout->top = round_up(layout->top, arena_.unit_);
-  planner::Problem alone;
-  alone.buffers = problem.buffers;
-  alone.period = problem.period;
-  layout->load = planner::load(alone);
+  layout->load = step_load;
   layout->greedy = r.greedy_size;
   layout->obstacles = obstacle_bytes;
   layout->persistent = persistent;
   layout->conflict_streak = 0;
   if (fresh) layouts_.push_back(std::move(fresh));
   last_problem_ = std::move(problem);
-
-  std::vector<std::size_t> sizes;
-  for (const Entry& e : cur.entries) sizes.push_back(e.rounded);
+  last_offsets_ = std::move(r.offsets);
   remember_variant(layout, std::move(sizes));
 
   ++stats_.plans;
@@ -441,10 +429,7 @@ StepRecord StepPlanner::last_step() const {
   if (!last_) return r;
   r.step = last_->step;
   r.end_time = last_->end_time;
-  r.entries.reserve(last_->entries.size());
-  for (const Entry& e : last_->entries) {
-    r.entries.push_back(TraceRecord{e.rounded, e.stream, e.t_alloc, e.t_free, e.address, e.uses});
-  }
+  r.entries = last_->entries;
   return r;
 }
 
@@ -452,16 +437,7 @@ PlanStats StepPlanner::stats() const {
   PlanStats s = stats_;
   s.variants = static_cast<std::int64_t>(variants_.size());
   s.layouts = static_cast<std::int64_t>(layouts_.size());
-  const Layout* l = active_;
-  if (!l) {
-    std::uint64_t best = 0;
-    for (const Variant& v : variants_) {
-      if (!l || v.last_used > best) {
-        l = v.layout;
-        best = v.last_used;
-      }
-    }
-  }
+  const Layout* l = active_ ? active_ : most_recent_layout(nullptr);
   if (l) {
     s.plan_bytes = static_cast<std::int64_t>(l->top);
     s.load_bytes = static_cast<std::int64_t>(l->load + l->persistent);

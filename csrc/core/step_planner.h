@@ -60,17 +60,9 @@ class StepPlanner {
   const std::vector<std::uint64_t>& last_offsets() const { return last_offsets_; }
 
  private:
-  struct Entry {
-    std::size_t rounded = 0;
-    StreamId stream = 0;
-    std::int64_t t_alloc = 0;
-    std::int64_t t_free = -1;  // -1: still live at the end of the step
-    std::vector<StreamId> uses;  // other streams that used it (record_stream)
-    std::uintptr_t address = 0;
-  };
   struct StepTrace {
     std::uint64_t step = 0;
-    std::vector<Entry> entries;
+    std::vector<TraceRecord> entries;  // sizes rounded; free_time -1: live at the end
     std::int64_t end_time = 0;
     std::vector<std::pair<std::int64_t, std::int64_t>> livein_frees;  // (prev seq, time)
     std::vector<std::int64_t> later_frees;  // its seqs freed after it ended, before its key's next step
@@ -84,7 +76,6 @@ class StepPlanner {
   };
   struct Layout {
     std::vector<Slot> slots;
-    std::int64_t period = 0;   // 0: no slot wraps around the step boundary
     std::int64_t horizon = 0;  // the step's length in logical ticks
     StreamId stream = 0;
     std::size_t top = 0;       // end of the highest slot
@@ -99,15 +90,19 @@ class StepPlanner {
     Layout* layout = nullptr;
     std::vector<std::size_t> sizes;
     std::uint64_t last_used = 0;
-    std::uint64_t key = 0;
   };
 
   bool fits(const Layout& l, std::size_t i, std::size_t rounded, StreamId stream) const;
   bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream);
   bool activate_territory();
-  void plan_step();
+  void plan_step(std::vector<std::size_t> sizes);
   void forget_least_recent_variant();
+  // The most recently used layout (of `*key`, or of any key when null).
+  Layout* most_recent_layout(const std::uint64_t* key) const;
+  Variant* find_variant(const std::vector<std::size_t>& sizes);  // of the open step's key
+  bool same_structure(const Layout& l) const;  // same key, count and streams as the open step
   Layout* covering_layout() const;  // a layout whose slots hold this step
+  Block* place_slot(const Slot& s, std::size_t requested, std::size_t rounded, StreamId stream);
   void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
 
   Arena& arena_;
@@ -130,7 +125,7 @@ class StepPlanner {
   std::int64_t step_conflicts_ = 0;
   // Counters of the open step; copied to stats_.last_step_* when it ends
   // with at least one allocation.
-  std::int64_t cur_allocations_ = 0, cur_hits_ = 0, cur_same_ = 0, cur_comparable_ = 0;
+  std::int64_t cur_hits_ = 0, cur_same_ = 0, cur_comparable_ = 0;
   PlanStats stats_;
   planner::Problem last_problem_;
   std::vector<std::uint64_t> last_offsets_;

@@ -27,28 +27,25 @@ EventId EventPool::get() {
 void PendingGroups::add(Block* block, Region region) {
   for (StreamId use : block->uses) {
     auto& v = open_[GroupKey{region, block->stream, use}];
-    if (v.empty()) ++open_count_;
     v.push_back(block);
     ++block->pending_on;
   }
 }
 
 std::size_t PendingGroups::seal_all() {
+  // Open groups are never empty: add() creates them with a block.
   std::size_t recorded = 0;
   for (auto it = open_.begin(); it != open_.end();) {
-    if (!it->second.empty()) {
-      EventId e = events_.get();
-      try {
-        device_.record_event(e, it->first.use);
-      } catch (...) {
-        events_.put(e);  // the group stays open; nothing leaks
-        throw;
-      }
-      ++recorded;
-      sealed_[it->first].push_back(SealedGroup{e, std::move(it->second)});
-      ++sealed_count_;
-      --open_count_;
+    EventId e = events_.get();
+    try {
+      device_.record_event(e, it->first.use);
+    } catch (...) {
+      events_.put(e);  // the group stays open; nothing leaks
+      throw;
     }
+    ++recorded;
+    sealed_[it->first].push_back(SealedGroup{e, std::move(it->second)});
+    ++sealed_count_;
     it = open_.erase(it);
   }
   return recorded;

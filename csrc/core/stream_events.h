@@ -14,8 +14,10 @@
 //     synchronization) or when the stream that takes the memory has been made
 //     to wait on the event (the stream-ordered `wait` policy).
 //   * Events per boundary are O(groups), never O(blocks); queries likewise.
-//   * Sealed groups of one key are released in recording order (events on one
-//     stream complete in order).
+//   * release_completed() queries the sealed groups of one key in recording
+//     order and stops at the first incomplete one (events on one stream
+//     complete in order); release_region() may release a later group of a
+//     key and keep an earlier one sealed.
 #pragma once
 
 #include <cstdint>
@@ -67,8 +69,7 @@ class PendingGroups {
 
   // Adds a freed block with stream uses to the open group of each use.
   void add(Block* block, Region region);
-  bool empty() const { return open_count_ == 0 && sealed_count_ == 0; }
-  bool has_open() const { return open_count_ != 0; }
+  bool empty() const { return open_.empty() && sealed_count_ == 0; }
   std::size_t sealed_groups() const { return sealed_count_; }
 
   // Boundary: records one event per open group. Returns events recorded.
@@ -94,7 +95,6 @@ class PendingGroups {
   EventPool& events_;
   std::map<GroupKey, std::vector<Block*>> open_;
   std::map<GroupKey, std::deque<SealedGroup>> sealed_;
-  std::size_t open_count_ = 0;
   std::size_t sealed_count_ = 0;
 };
 

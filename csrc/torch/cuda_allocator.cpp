@@ -63,30 +63,9 @@ void add_stat(Stat& into, const Stat& s) {
   into.freed += s.freed;
 }
 
-template <typename F>
-void for_each_stat(DeviceStats& a, const DeviceStats& b, F f) {
-  StatArray DeviceStats::*arrays[] = {
-      &DeviceStats::allocation,      &DeviceStats::segment,        &DeviceStats::active,
-      &DeviceStats::inactive_split,  &DeviceStats::allocated_bytes, &DeviceStats::reserved_bytes,
-      &DeviceStats::active_bytes,    &DeviceStats::inactive_split_bytes,
-      &DeviceStats::requested_bytes};
-  for (auto m : arrays) {
-    for (std::size_t i = 0; i < 3; ++i) f((a.*m)[i], (b.*m)[i]);
-  }
-  f(a.oversize_allocations, b.oversize_allocations);
-  f(a.oversize_segments, b.oversize_segments);
-  f(a.pending_bytes, b.pending_bytes);
-}
-
 void add_stats(DeviceStats& into, const DeviceStats& s) {
   for_each_stat(into, s, [](Stat& a, const Stat& b) { add_stat(a, b); });
-  into.num_alloc_retries += s.num_alloc_retries;
-  into.num_ooms += s.num_ooms;
-  into.num_sync_all_streams += s.num_sync_all_streams;
-  into.num_device_alloc += s.num_device_alloc;
-  into.num_device_free += s.num_device_free;
-  into.events_recorded += s.events_recorded;
-  into.event_queries += s.event_queries;
+  into.add_counters(s);
 }
 
 // Folds the stats of a pool being destroyed: its memory is all given back,
@@ -98,11 +77,8 @@ void retire_stats(DeviceStats& into, const DeviceStats& s) {
     a.freed += b.freed + b.current;
     a.peak = std::max(a.peak, b.peak);
   });
-  into.num_alloc_retries += s.num_alloc_retries;
-  into.num_ooms += s.num_ooms;
-  into.num_sync_all_streams += s.num_sync_all_streams;
-  into.num_device_alloc += s.num_device_alloc;
-  into.num_device_free += s.num_device_free + s.segment[0].current;
+  into.add_counters(s);
+  into.num_device_free += s.segment[0].current;  // its segments are freed with it
 }
 
 void to_c10(c10::CachingAllocator::StatArray& out, const StatArray& in) {
