@@ -187,6 +187,10 @@ class TraceEntry:
         """The end of the lifetime: ``free_time``, or ``end_time`` when never freed."""
         return end_time if self.free_time is None else self.free_time
 
+    def holds_memory(self, end_time: int) -> bool:
+        """False for a zero-size buffer or an empty lifetime (nothing to place)."""
+        return self.size > 0 and self.upper(end_time) > self.alloc_time
+
 
 @dataclass
 class Trace:
@@ -240,7 +244,7 @@ class Trace:
         """
         end = self.end_time
         return [
-            (e.size, e.alloc_time, end if e.free_time is None else e.free_time)
+            (e.size, e.alloc_time, e.upper(end))
             for e in self.entries
         ]
 
@@ -1053,12 +1057,11 @@ def _check_plan(trace: Trace, offsets: Sequence[int]) -> Tuple[List[int], int]:
     timeline: List[Tuple[int, int, int]] = []  # (time, 0 = free / 1 = alloc, i)
     plan_size = 0
     for i, e in enumerate(trace.entries):
-        upper = end if e.free_time is None else e.free_time
-        if e.size == 0 or upper <= e.alloc_time:
-            continue  # holds no memory at any time
+        if not e.holds_memory(end):
+            continue
         plan_size = max(plan_size, offs[i] + e.size)
         timeline.append((e.alloc_time, 1, i))
-        timeline.append((upper, 0, i))
+        timeline.append((e.upper(end), 0, i))
     timeline.sort()
     starts: List[int] = []  # live buffers, sorted by offset; pairwise disjoint
     owners: List[int] = []
@@ -1146,11 +1149,7 @@ def to_snapshot(
     stream = _to_int(stream, "stream")
 
     end = trace.end_time
-    kept = [
-        i
-        for i, e in enumerate(trace.entries)
-        if e.size > 0 and (end if e.free_time is None else e.free_time) > e.alloc_time
-    ]
+    kept = [i for i, e in enumerate(trace.entries) if e.holds_memory(end)]
     timeline: List[Tuple[int, int, int]] = []  # (time, 0 = free / 1 = alloc, i)
     for i in kept:
         e = trace.entries[i]
@@ -1312,11 +1311,10 @@ def plot_plan(
     end = trace.end_time
     verts = []
     for i, e in enumerate(trace.entries):
-        upper = end if e.free_time is None else e.free_time
-        if e.size == 0 or upper <= e.alloc_time:
+        if not e.holds_memory(end):
             continue
         y0, y1 = offs[i] / mib, (offs[i] + e.size) / mib
-        x0, x1 = e.alloc_time, upper
+        x0, x1 = e.alloc_time, e.upper(end)
         verts.append(((x0, y0), (x1, y0), (x1, y1), (x0, y1)))
     fig = Figure(figsize=(10, 6), dpi=120)
     FigureCanvasAgg(fig)
