@@ -12,7 +12,7 @@ DEPS   := setuptools wheel pybind11 ninja rich pytest numpy matplotlib
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
-.PHONY: venv build demo test test-fast bench check-cuda clean
+.PHONY: venv build demo test bench check-cuda clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +37,6 @@ demo: build
 
 test: build
 	$(PY) -m pytest -q tests
-
-test-fast: build
-	$(PY) -m pytest -q -m "not slow" tests
 
 # Each script prints its baseline beside our numbers (docs/benchmarks.md).
 bench: build

@@ -15,6 +15,25 @@ def data_dir() -> pathlib.Path:
     return pathlib.Path(env) if env else REPO.parent / "shared" / "data"
 
 
+def child_env(extra: dict | None = None, drop: tuple = ()) -> dict:
+    """Environment for a benchmark subprocess: the repository importable, no
+    ``TORCH_RENAISSANCE_CONF`` (nor the names in ``drop``), plus ``extra``."""
+    env = dict(os.environ)
+    for key in ("TORCH_RENAISSANCE_CONF", *drop):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
+
+
+def last_result(stdout: str) -> dict | None:
+    """The JSON of the last ``RESULT {...}`` line a worker printed, or None."""
+    import json
+
+    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT "):]) if lines else None
+
+
 def machine() -> str:
     """One line naming the machine the numbers come from."""
     cpu = platform.processor() or platform.machine()

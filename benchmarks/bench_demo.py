@@ -10,12 +10,11 @@ Run: ``python benchmarks/bench_demo.py [--steps N] [--batch B] [--seq T]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 
-from _common import REPO, git_rev, machine, table
+from _common import child_env, git_rev, last_result, machine, table
 
 PRELOADS = {
     "jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
@@ -25,19 +24,14 @@ PRELOADS = {
 
 
 def run(mode: str, args, preload: str | None = None) -> dict | None:
-    env = dict(os.environ)
-    env.pop("TORCH_RENAISSANCE_CONF", None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    if preload:
-        env["LD_PRELOAD"] = preload
+    env = child_env({"LD_PRELOAD": preload} if preload else None)
     cmd = [sys.executable, "-m", "torch_renaissance.examples.train_gpt", "--mode", mode,
            "--steps", str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    print(f"{mode} {preload or ''} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
-    return None
+    result = last_result(r.stdout)
+    if result is None:
+        print(f"{mode} {preload or ''} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+    return result
 
 
 def main() -> int:

@@ -53,8 +53,8 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import REPO, child_env, git_rev, last_result, machine, table as md  # noqa: E402
 MB = 1000 * 1000
 SIZES = {"10MB": (1024, 10 * MB), "100MB": (2048, 100 * MB), "1GB": (4096, 1000 * MB)}
 REPS = {"10MB": 30, "100MB": 10, "1GB": 5}
@@ -257,7 +257,7 @@ def worker(kind: str, part: str, device: str, sizes: list, threads: int = 0) -> 
                         t.data = t.data.pin_memory()  # as the ModelSlots sources
                     sync(torch, dev)
                     t0 = time.perf_counter()
-                    c = h.to(dev)
+                    h.to(dev)
                     sync(torch, dev)
                 fresh.append(time.perf_counter() - t0)
                 del c
@@ -320,8 +320,7 @@ def _sequence(torch, tr, kind, dev, factories, inputs, names, weights, base_rss)
                 models[m].load_state_dict(weights[m][v])
             if i % 10 == 0 and models:
                 name = sorted(models)[i % len(models)]
-                y = models[name](*xs[name[:3]])
-                del y
+                models[name](*xs[name[:3]])
             live = sum(nbytes[n[:3]] for n in models)
             live_peak = max(live_peak, live)
             peak_rss = max(peak_rss, rss() - base_rss)
@@ -400,18 +399,16 @@ def run(device: str, sizes: list, timeout: float, graphs: bool = False, threads:
     t_end = time.monotonic() + timeout
     for i, (kind, part) in enumerate(jobs):
         budget = (t_end - time.monotonic()) / (len(jobs) - i)
-        env = dict(os.environ)
-        env.pop("TORCH_RENAISSANCE_CONF", None)
-        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        env = child_env()
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--part", part,
                "--device", device, "--sizes", ",".join(sizes), "--threads", str(threads)]
         try:
             p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                                timeout=max(budget, 1))
             sys.stderr.write(p.stderr[-3000:])
-            lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-            if p.returncode == 0 and lines:
-                results[kind].update(json.loads(lines[-1][len("RESULT "):]))
+            result = last_result(p.stdout)
+            if p.returncode == 0 and result is not None:
+                results[kind].update(result)
             else:
                 results[kind].setdefault("error", []).append(
                     f"{part}: exit {p.returncode}: "
@@ -427,8 +424,6 @@ def _fmt_mb(n) -> str:
 
 def table(results: dict, machine: str = "") -> str:
     """Both tables as Markdown."""
-    sys.path.insert(0, HERE)
-    from _common import table as md
 
     s, p = results.get("slots", {}), results.get("plain", {})
     lines = []
@@ -529,8 +524,6 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("CUDA is not available; nothing to do")
             return 0
-    sys.path.insert(0, HERE)
-    from _common import git_rev, machine
 
     res = run(args.device, sizes, args.timeout, graphs=args.device.startswith("cuda"), threads=threads)
     if args.json:

@@ -16,7 +16,7 @@ behind the host (host lead time). Three schemes, each on a fresh arena:
 * ``wait``: the same events, but an allocation that finds no free block makes
   its stream wait for them on the device (stream-ordered reuse).
 
-Printed: peak reserved (MiB), events recorded, event queries, host syncs.
+Printed: peak reserved (MiB), events recorded, event queries.
 Run: ``python benchmarks/bench_streams.py``.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def simulate(C, scheme: str, lead: int, steps: int = 40, blocks: int = 32, size:
         marks.append((dev.enqueued(0), dev.enqueued(side)))
     s = arena.stats()
     return {"peak_mib": s["reserved_bytes"]["all"]["peak"] / MiB, "events": dev.events_recorded,
-            "queries": dev.event_queries, "syncs": dev.host_synchronizations}
+            "queries": dev.event_queries}
 
 
 def main() -> int:

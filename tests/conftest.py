@@ -46,6 +46,15 @@ def clean_env(extra: dict | None = None) -> dict:
     return env
 
 
+def run_json(code: str, *args: str, timeout: float = 600):
+    """Runs ``code`` in a fresh process; returns the JSON of its last stdout line."""
+    import json
+
+    r = run_python(code, *args, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs ``python -c code`` in a fresh process (allocator installs are per process)."""
     full_env = clean_env(env)

@@ -197,3 +197,10 @@ def test_demo_prints_side_by_side_and_writes_json(tmp_path):
     assert data["PyTorch default"]["peak reserved (MiB)"] is None  # PyTorch's CPU allocator has no stats
     assert data["renaissance dynamic"]["peak reserved (MiB)"] > 0
     assert data["renaissance planned"]["losses"] == data["PyTorch default"]["losses"]
+
+
+def test_keyword_limit_replaces_the_environment_limit_in_either_unit(monkeypatch):
+    monkeypatch.setenv("TORCH_RENAISSANCE_CONF", "max_reserved_bytes:1048576")
+    assert make_config(max_reserved_mb=4096).max_reserved_bytes == 4096 << 20
+    monkeypatch.setenv("TORCH_RENAISSANCE_CONF", "max_reserved_mb:1")
+    assert make_config(max_reserved_bytes=12345).max_reserved_bytes == 12345

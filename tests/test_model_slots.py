@@ -9,7 +9,6 @@ forwards use. The others run here, without the arena.
 """
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import run_python
+from conftest import run_json
 from torch_renaissance import ModelSlots
 from torch_renaissance.examples import serving as S
 
@@ -320,9 +319,7 @@ PRELUDE = textwrap.dedent("""
 
 
 def run_scenario(body: str) -> dict:
-    r = run_python(PRELUDE + textwrap.dedent(body), timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json(PRELUDE + textwrap.dedent(body), timeout=300)
 
 
 LIFECYCLE = """

@@ -7,12 +7,9 @@ first replay, and from step 3 on every step sits at the addresses of the step
 before."""
 from __future__ import annotations
 
-import json
 import textwrap
 
-import pytest
-
-from conftest import run_python
+from conftest import run_json
 
 MiB = 1 << 20
 
@@ -33,9 +30,7 @@ PRELUDE = textwrap.dedent("""
 
 
 def run_scenario(body: str, *args: str) -> dict:
-    r = run_python(PRELUDE + textwrap.dedent(body), *args, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json(PRELUDE + textwrap.dedent(body), *args)
 
 
 GPT_30 = """

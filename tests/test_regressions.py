@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 from conftest import clean_env, run_python
 
@@ -133,8 +132,6 @@ def test_address_ranges_of_unused_streams_are_given_back(C):
                 return int(line.split()[1])
         return 0
 
-    a = C.Arena(C.SimDevice(), planning=False)
-    dev_streams = None
     a2 = C.Arena(C.HostDevice())
     for rnd in range(3):
         ptrs = [a2.allocate(2 * MiB, stream) for stream in range(1, 40)]
@@ -145,7 +142,6 @@ def test_address_ranges_of_unused_streams_are_given_back(C):
             base = vm_size()
     assert vm_size() <= base + 1024, (base, vm_size())
     assert a2.stats()["reserved_bytes"]["all"]["current"] == 0
-    del a, dev_streams
 
 
 def test_inactive_split_stays_exact_around_the_territory(C):

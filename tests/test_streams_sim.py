@@ -133,7 +133,6 @@ def test_fuzz_200k_ops_four_streams(C, policy):
     # Freed ranges whose stream uses were pending at free time:
     # sorted by start: (start, end, use stream, position, waits index at free)
     pend: list[tuple[int, int, int, int, int]] = []
-    waits_seen = 0
     ops = 200_000
     for i in range(ops):
         r = rng.random()
@@ -144,7 +143,6 @@ def test_fuzz_200k_ops_four_streams(C, policy):
             end = p + w.arena.block_size(p)
             waits = None
             lo = bisect.bisect_left(pend, (p - (1 << 40),))
-            keep = []
             for rec in pend[lo:]:
                 if rec[0] >= end:
                     break

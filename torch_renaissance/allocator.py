@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import torch
@@ -60,33 +60,50 @@ _BOOL = {"1": True, "true": True, "yes": True, "on": True,
          "0": False, "false": False, "no": False, "off": False}
 
 
+def _number(limit: int, minimum: int = 0):
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError  # a float byte count is a mistake, not something to round
+        number = int(value, 0) if isinstance(value, str) else value
+        if not minimum <= number <= limit:
+            raise ValueError
+        return number
+    return parse
+
+
+def _flag(value: Any) -> bool:
+    return value if isinstance(value, bool) else _BOOL[str(value).strip().lower()]
+
+
+def _policy(value: Any) -> str:
+    policy = str(value).strip().lower()
+    if policy not in ("defer", "wait"):
+        raise ValueError
+    return policy
+
+
+# Every config key and its parser, in the order the error message lists them.
+_KEYS = {
+    "max_reserved_mb": _number(1 << 43),
+    "max_reserved_bytes": _number(1 << 63),
+    "expandable_segments": _flag,
+    "stream_policy": _policy,
+    "planning": _flag,
+    "max_variants": _number(1 << 20, minimum=1),
+    "plan_budget_ms": _number(3_600_000),
+}
+
+
 def _convert(key: str, value: Any) -> Any:
     """Converts one config value, raising ValueError naming the key."""
+    parse = _KEYS.get(key)
+    if parse is None:
+        raise ValueError(f"torch_renaissance: unknown config key '{key}'; known keys: "
+                         + ", ".join(_KEYS))
     try:
-        if key in ("max_reserved_mb", "max_reserved_bytes", "max_variants", "plan_budget_ms"):
-            if isinstance(value, bool) or not isinstance(value, (int, str)):
-                raise ValueError  # a float byte count is a mistake, not something to round
-            number = int(value, 0) if isinstance(value, str) else int(value)
-            limit = {"max_reserved_mb": 1 << 43, "max_reserved_bytes": 1 << 63,
-                     "max_variants": 1 << 20, "plan_budget_ms": 3_600_000}[key]
-            if number < 0 or number > limit or (key == "max_variants" and number < 1):
-                raise ValueError
-            return number
-        if key in ("expandable_segments", "planning"):
-            if isinstance(value, bool):
-                return value
-            return _BOOL[str(value).strip().lower()]
-        if key == "stream_policy":
-            policy = str(value).strip().lower()
-            if policy not in ("defer", "wait"):
-                raise ValueError
-            return policy
+        return parse(value)
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"torch_renaissance: bad value {value!r} for config key '{key}'") from None
-    raise ValueError(
-        f"torch_renaissance: unknown config key '{key}'; known keys: max_reserved_mb, "
-        "max_reserved_bytes, expandable_segments, stream_policy, planning, max_variants, "
-        "plan_budget_ms")
 
 
 def parse_conf(text: str) -> dict:
@@ -123,11 +140,14 @@ def make_config(**overrides: Any) -> Config:
     values = parse_conf(os.environ.get(ENV_VAR, ""))
     for key, value in overrides.items():
         values[key] = _convert(key, value)
+        # A limit given as a keyword replaces the environment's, in either unit.
+        other = {"max_reserved_mb": "max_reserved_bytes", "max_reserved_bytes": "max_reserved_mb"}.get(key)
+        if other and other not in overrides:
+            values.pop(other, None)
     mb = values.pop("max_reserved_mb", None)
     if "max_reserved_bytes" not in values and mb is not None:
         values["max_reserved_bytes"] = mb << 20
-    names = {f.name for f in fields(Config)}
-    return Config(**{k: v for k, v in values.items() if k in names})
+    return Config(**values)
 
 
 _lock = threading.Lock()

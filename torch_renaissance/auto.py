@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 from typing import List
 
+from torch_renaissance.allocator import _BOOL
+
 ENV_VAR = "TORCH_RENAISSANCE"
-_TRUE = ("1", "true", "yes", "on")
 
 
 def devices_from_env(value: str | None = None) -> List[str]:
@@ -38,11 +39,11 @@ def devices_from_env(value: str | None = None) -> List[str]:
     """
     raw = os.environ.get(ENV_VAR, "") if value is None else value
     text = raw.strip().lower()
-    if text in ("", "0", "false", "no", "off"):
+    if text == "" or _BOOL.get(text) is False:
         return []
     wanted = set()
     for part in (p.strip() for p in text.split(",")):
-        if part in _TRUE or part == "cuda":
+        if _BOOL.get(part) is True or part == "cuda":
             wanted.add("cuda")
         elif part == "cpu":
             wanted.add("cpu")

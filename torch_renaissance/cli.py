@@ -97,7 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_script_error(e, script)
         code = 1
     finally:
-        times = tr.stop_auto_steps() or steps.times
+        tr.stop_auto_steps()
+        times = steps.times
         # The first interval runs from the install to the first optimizer step:
         # imports, model building, the first step. Steps are counted from it,
         # the mean step time without it.

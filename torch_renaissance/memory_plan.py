@@ -1,7 +1,7 @@
 """Region/slot blueprints: a ``MemoryPlan`` and its one-buffer materialization.
 
 A :class:`MemoryPlan` is an ordered list of named **regions**, each an ordered
-list of **slots** (the words of ``DESIGN.md``). A slot is a planned place for
+list of **slots** (the words of ``docs/design.md``). A slot is a planned place for
 one tensor: a name, a byte offset inside its region, a capacity in bytes and
 the shape/dtype of the typed view it gives. :meth:`MemoryPlan.finalize` lays the
 regions out back to back, so the whole plan is one byte range and every region

@@ -10,7 +10,7 @@ architecture are interchangeable, so switching models is a copy into fixed
 addresses: no allocation, no fragmentation, and a CUDA graph captured on a slot
 set replays for any model later loaded into it.
 
-Words (``DESIGN.md``): *slot*, *region*, *plan*, *step*. Here also:
+Words (``docs/design.md``): *slot*, *region*, *plan*, *step*. Here also:
 
 * **slot set**: one materialized weight plan of an architecture, with a module
   instance whose parameters and buffers are views into it;
@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from torch_renaissance.memory_plan import MaterializedPlan, MemoryPlan
+from torch_renaissance.memory_plan import MaterializedPlan, MemoryPlan, _dtype_name, _fmt_shape
 
 __all__ = ["ArchitectureLayout", "ModelSlots"]
 
@@ -111,13 +111,12 @@ class ArchitectureLayout:
 class _SlotSet:
     """One materialized weight plan and the module instance viewing it."""
 
-    __slots__ = ("arch", "mat", "module", "model")
+    __slots__ = ("arch", "mat", "module")
 
     def __init__(self, arch: "_Arch", mat: MaterializedPlan, module: nn.Module) -> None:
         self.arch = arch
         self.mat = mat
         self.module = module
-        self.model: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -170,14 +169,6 @@ class _Model:
         self.slot_set: Optional[_SlotSet] = None
         self.host: Optional[MaterializedPlan] = None  # offloaded weights
         self.counters = _Counters()
-
-
-def _fmt_shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class ModelSlots:
@@ -667,9 +658,8 @@ class ModelSlots:
                 }
                 d.update(m.counters.as_dict())
                 models[name] = d
-            in_use = sum(m.slot_set.mat.plan.nbytes for m in self._models.values() if m.slot_set)
             return {"capacity_bytes": self.capacity_bytes, "held_bytes": self._held,
-                    "in_use_bytes": in_use, "architectures": archs, "models": models}
+                    "in_use_bytes": self._in_use_bytes(), "architectures": archs, "models": models}
 
     # -- internals ------------------------------------------------------------------
 
@@ -692,13 +682,11 @@ class ModelSlots:
         self._lru.move_to_end(name)
 
     def _attach(self, model: _Model, s: _SlotSet) -> None:
-        s.model = model.name
         model.slot_set = s
         self._lru[model.name] = None
 
     def _detach(self, model: _Model) -> None:
         s = model.slot_set
-        s.model = None
         model.slot_set = None
         self._lru.pop(model.name, None)
         s.arch.free.append(s)

@@ -31,7 +31,15 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict:
     Raises:
         RuntimeError: torch_renaissance is not installed for ``device``.
     """
-    return get_arena(device).stats()
+    nested = get_arena(device).stats()
+    r = nested["renaissance"]
+    requests = r["planned_requests"]
+    r["hit_rate"] = r["planned_hits"] / requests if requests else 0.0
+    comparable = r["last_step_comparable"]
+    r["address_stability"] = r["last_step_same_address"] / comparable if comparable else 0.0
+    bound = r["step_load_bytes"] + r["obstacle_bytes"]
+    r["plan_over_load"] = r["plan_bytes"] / bound if bound else 0.0
+    return nested
 
 
 def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
@@ -57,16 +65,8 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     Raises:
         RuntimeError: torch_renaissance is not installed for ``device``.
     """
-    nested = memory_stats_as_nested_dict(device)
-    r = nested["renaissance"]
-    requests = r["planned_requests"]
-    r["hit_rate"] = r["planned_hits"] / requests if requests else 0.0
-    comparable = r["last_step_comparable"]
-    r["address_stability"] = r["last_step_same_address"] / comparable if comparable else 0.0
-    bound = r["step_load_bytes"] + r["obstacle_bytes"]
-    r["plan_over_load"] = r["plan_bytes"] / bound if bound else 0.0
     out: list = []
-    _flatten("", nested, out)
+    _flatten("", memory_stats_as_nested_dict(device), out)
     out.sort()
     return OrderedDict(out)
 
@@ -176,16 +176,24 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(device: Any = None, step_times: Optional[list] = None) -> dict:
+def report(device: Any = None, step_times: Optional[list] = None,
+           earlier_peaks: Optional[tuple] = None) -> dict:
     """The numbers ``torch-renaissance run`` prints, as a dict (bytes, seconds).
 
     Args:
         device: as for :func:`memory_stats`.
         step_times: seconds between consecutive optimizer steps, if seen.
+        earlier_peaks: ``(peak allocated, peak reserved)`` from before the
+            last :func:`reset_peak_memory_stats`. Then the ``peak_*`` numbers
+            cover the whole run and ``steady_*`` the time since the reset.
     """
     s = memory_stats(device)
-    peak_alloc = s["allocated_bytes.all.peak"]
-    peak_res = s["reserved_bytes.all.peak"]
+    steady_alloc = s["allocated_bytes.all.peak"]
+    steady_res = s["reserved_bytes.all.peak"]
+    early_alloc, early_res = earlier_peaks or (0, 0)
+    peak_alloc = max(early_alloc, steady_alloc)
+    peak_res = max(early_res, steady_res)
+    load = s["renaissance.load_bytes"]
     times = list(step_times or [])
     # The first interval (from the install to the first optimizer step) holds
     # the script's start-up; the mean is over the steps after it.
@@ -204,9 +212,10 @@ def report(device: Any = None, step_times: Optional[list] = None) -> dict:
         "plan_misses": s["renaissance.planned_misses"],
         "plan_conflicts": s["renaissance.planned_conflicts"],
         "plan_hit_rate": s["renaissance.hit_rate"],
-        "load_bytes": s["renaissance.load_bytes"],
-        "peak_reserved_over_load": (peak_res / s["renaissance.load_bytes"]
-                                    if s["renaissance.load_bytes"] else None),
+        "load_bytes": load,
+        "peak_reserved_over_load": peak_res / load if load else None,
+        "steady_peak_reserved_bytes": steady_res,
+        "steady_peak_reserved_over_load": steady_res / load if load else None,
         "address_stability": s["renaissance.address_stability"],
         "variants": s["renaissance.variants"],
     }

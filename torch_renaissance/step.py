@@ -20,8 +20,6 @@ import time
 import weakref
 from typing import Any, Callable, Hashable, Iterator, List, Optional, TypeVar
 
-import torch
-
 from torch_renaissance.allocator import get_arena
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -5,7 +5,7 @@ on another needs an event wait *and* ``Tensor.record_stream`` so that the
 allocator does not hand its memory out again too early
 (``c10/cuda/CUDACachingAllocator.cpp``). The manager does both in one call,
 ``handoff``, and marks step boundaries where the arena records one *epoch
-event* per (region, stream) instead of one event per block (DESIGN.md).
+event* per (region, stream) instead of one event per block (docs/design.md).
 
 Roles: ``compute`` (the stream the model runs on: the current stream when the
 manager is made), ``h2d`` and ``d2h`` (copies), ``comm`` (collectives).
@@ -143,59 +143,65 @@ class StreamManager:
             return tensor
         if self.trivial or src == dst:
             return tensor
-        ev = torch.Event(device=self.device)
-        ev.record(src)
-        dst.wait_event(ev)
+        self._order(src, dst)
         if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
             tensor.record_stream(dst)
         return tensor
+
+    def _order(self, src: Any, dst: Any) -> None:
+        """Makes ``dst`` wait, on the device, for the work enqueued on ``src``."""
+        ev = torch.Event(device=self.device)
+        ev.record(src)
+        dst.wait_event(ev)
 
     def prefetch(self, iterable: Iterable[Any], to: Any = None) -> Iterator[Any]:
         """Iterates ``iterable``, copying each batch to ``to`` on the ``h2d``
         stream one step ahead of compute.
 
-        Tensors (also inside tuples, lists and dicts) are pinned and copied
-        with ``non_blocking=True``; each yielded batch has been handed off to
-        ``compute``. On the CPU this is a plain ``.to(to)``.
+        Tensors (in any nesting of tuples, lists and dicts) are pinned and
+        copied with ``non_blocking=True``; before a batch is yielded,
+        ``compute`` waits once for its copies and every tensor's stream use is
+        registered (``record_stream``). On the CPU this is a plain ``.to(to)``.
 
         Args:
-            iterable: batches of tensors (any nesting of tuple/list/dict).
+            iterable: batches of tensors.
             to: the target device (default: the manager's device).
         """
+        from torch.utils._pytree import tree_leaves, tree_map
+
         target = torch.device(to) if to is not None else self.device
+        copy = not self.trivial and target.type != "cpu"
 
         def move(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                if self.trivial or target.type == "cpu":
-                    return x.to(target)
-                src = x if x.is_pinned() or x.device.type != "cpu" else x.pin_memory()
-                return src.to(target, non_blocking=True)
-            if isinstance(x, (list, tuple)):
-                return type(x)(move(v) for v in x)
-            if isinstance(x, dict):
-                return {k: move(v) for k, v in x.items()}
-            return x
+            if not isinstance(x, torch.Tensor):
+                return x
+            if not copy:
+                return x.to(target)
+            src = x if x.is_pinned() or x.device.type != "cpu" else x.pin_memory()
+            return src.to(target, non_blocking=True)
 
-        def hand(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                return self.handoff(x, "compute", from_="h2d")
-            if isinstance(x, (list, tuple)):
-                return type(x)(hand(v) for v in x)
-            if isinstance(x, dict):
-                return {k: hand(v) for k, v in x.items()}
-            return x
+        def fetch(it: Iterator[Any]) -> Any:
+            with self.on("h2d"):
+                return tree_map(move, next(it))
+
+        def hand(batch: Any) -> Any:
+            if copy:  # one event for the whole batch, then the stream uses
+                dst = self.stream("compute")
+                self._order(self.stream("h2d"), dst)
+                for t in tree_leaves(batch):
+                    if isinstance(t, torch.Tensor) and t.numel() > 0:
+                        t.record_stream(dst)
+            return batch
 
         it = iter(iterable)
         try:
-            with self.on("h2d"):
-                nxt = move(next(it))
+            nxt = fetch(it)
         except StopIteration:
             return
         while True:
             ready = hand(nxt)
             try:
-                with self.on("h2d"):
-                    nxt = move(next(it))
+                nxt = fetch(it)
             except StopIteration:
                 yield ready
                 return

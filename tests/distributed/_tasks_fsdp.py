@@ -5,7 +5,6 @@ Every task is ``fn(rank, world_size, ...)`` and returns plain, picklable data.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.distributed as dist

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 ODD_SHAPES = [(7, 3), (13, 5), (5,), (3, 7, 2), (1, 4), (0, 5), (6, 256), (9, 9)]
 
