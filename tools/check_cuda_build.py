@@ -8,6 +8,10 @@ Run by ``make check-cuda`` (CI). Two steps:
    small program against ``libcudart``. The program is then run: on a machine
    without a GPU it must report a clear "no device" error from
    ``CudaDevice``; with a GPU it allocates, frees and records an event.
+   The same objects are linked a second time against the fake CUDA runtime
+   of ``tests/cuda_fake`` (host memory, busy streams, VMM reservations,
+   fault injection) instead of libcudart, and its tests of ``CudaDevice``
+   and of the Arena on it are run: they need no GPU.
 2. The torch CUDA glue (``csrc/torch/cuda_allocator.cpp``) and the bindings
    (``csrc/python/bindings.cpp`` with ``TR_WITH_CUDA``,
    ``csrc/python/cuda_bindings.cpp``) are compiled against the installed
@@ -42,7 +46,9 @@ CXX = os.environ.get("CXX", "g++")
 WARN = ["-Wall", "-Wextra"]
 # Our CUDA files must be warning-free; the rest of the core is only compiled.
 STRICT = {"csrc/core/cuda_device.cpp", "csrc/torch/cuda_allocator.cpp",
-          "csrc/python/cuda_bindings.cpp"}
+          "csrc/python/cuda_bindings.cpp", "tests/cuda_fake/fake_cuda.cpp",
+          "tests/cuda_fake/test_cuda_device.cpp"}
+FAKE = ["tests/cuda_fake/fake_cuda.cpp", "tests/cuda_fake/test_cuda_device.cpp"]
 EXPORTED = ["torch_renaissance_cuda_malloc", "torch_renaissance_cuda_free",
             "torch_renaissance_cuda_record_stream", "torch_renaissance_cuda_empty_cache"]
 
@@ -194,10 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         f.write(SMOKE_MAIN)
     base = [CXX, "-std=c++17", "-O1", "-fPIC", *WARN, f"-I{CSRC}", f"-I{cuda_inc}"]
     jobs = []
-    for src in core + [os.path.relpath(main_src, ROOT)]:
+    for src in core + [os.path.relpath(main_src, ROOT)] + FAKE:
         obj = os.path.join(BUILD, os.path.basename(src).replace(".cpp", ".o"))
         strict = ["-Werror"] if src in STRICT else []
-        jobs.append((obj, base + strict + ["-c", src, "-o", obj], f"compile {src}"))
+        extra = [f"-I{os.path.join(ROOT, 'tests', 'cuda_fake')}"] if src in FAKE else []
+        jobs.append((obj, base + strict + extra + ["-c", src, "-o", obj], f"compile {src}"))
+    n_core = len(core) + 1 + len(FAKE)
 
     # --- step 2: the torch glue against torch's headers -----------------------
     try:
@@ -241,16 +249,25 @@ def main(argv: list[str] | None = None) -> int:
     with futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         outs = list(pool.map(lambda j: run(j[1], j[2]), jobs))
     results += outs
-    core_ok = all(ok for ok, _ in outs[: len(core) + 1])
+    core_ok = all(ok for ok, _ in outs[:n_core])
 
     if core_ok:
+        core_objs = [j[0] for j in jobs[: len(core)]]
+        smoke_obj, fake_objs = jobs[len(core)][0], [j[0] for j in jobs[len(core) + 1:n_core]]
         exe = os.path.join(BUILD, "cuda_smoke")
-        objs = [j[0] for j in jobs[: len(core) + 1]]
-        ok, text = run([CXX, *objs, "-o", exe, f"-L{libdir}", "-lcudart", f"-Wl,-rpath,{libdir}",
-                        "-lpthread"], "link the core + CudaDevice against -lcudart")
+        ok, text = run([CXX, *core_objs, smoke_obj, "-o", exe, f"-L{libdir}", "-lcudart",
+                        f"-Wl,-rpath,{libdir}", "-lpthread"],
+                       "link the core + CudaDevice against -lcudart")
         results.append((ok, text))
         if ok:
             results.append(run([exe], "run the linked program (a GPU is optional)", timeout=120))
+        fake_exe = os.path.join(BUILD, "test_cuda_device")
+        ok, text = run([CXX, *core_objs, *fake_objs, "-o", fake_exe, "-lpthread"],
+                       "link the core + CudaDevice against the fake CUDA runtime")
+        results.append((ok, text))
+        if ok:
+            results.append(run([fake_exe], "run CudaDevice's tests on the fake CUDA runtime",
+                               timeout=300))
     for obj, label in glue_objs:
         if not os.path.exists(obj):
             continue

@@ -1,0 +1,79 @@
+// fake_cuda.h - a fake CUDA runtime (and the driver's virtual-memory entry
+// points) backed by host memory, so that CudaDevice and the Arena on top of
+// it run, and fail, on a machine without a GPU.
+//
+// fake_cuda.cpp defines the CUDA runtime functions CudaDevice calls, with
+// the signatures of the toolkit's own cuda_runtime_api.h; a test program
+// links it INSTEAD of libcudart. What it models (and checks):
+//   * devices: a count, a per-thread current device (cudaSetDevice), a
+//     capacity per device shared by cudaMalloc and cuMemCreate, and
+//     cudaMemGetInfo's free/total from it;
+//   * the per-thread "last error" (cudaGetLastError) that a failing call
+//     sets, as PyTorch checks it after kernel launches;
+//   * the per-thread stream-capture mode (cudaThreadExchangeStreamCaptureMode)
+//     and the mode each cudaMalloc / cuMemCreate ran under;
+//   * streams that can be made busy: an event recorded on a busy stream is
+//     not complete until the test completes that stream, a synchronize on
+//     it, or cudaDeviceSynchronize; cuMemUnmap while any stream has
+//     incomplete work is counted as unsafe (the driver does not wait);
+//   * VMM: address reservations are real PROT_NONE mappings, handles are
+//     charged to the device, cuMemSetAccess makes granules readable and
+//     writable, cuMemUnmap makes them inaccessible again, and freeing a
+//     reservation that still has mappings is refused;
+//   * fault injection: the n-th next call of a named function returns a
+//     given code; a driver symbol can be hidden from the entry-point query.
+// Not modelled: kernels, copies, graphs, peer access, IPC.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fake_cuda {
+
+struct Config {
+  int devices = 1;
+  std::size_t capacity = std::size_t(256) << 20;   // bytes per device
+  std::size_t granularity = std::size_t(2) << 20;  // VMM granule
+  bool vmm = true;  // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+};
+
+struct Counters {
+  std::int64_t live_mallocs = 0;       // cudaMalloc'ed, not yet freed
+  std::int64_t live_handles = 0;       // cuMemCreate'd, not yet released
+  std::int64_t live_reservations = 0;  // cuMemAddressReserve'd, not yet freed
+  std::int64_t live_mappings = 0;      // granules mapped
+  std::int64_t live_events = 0;
+  std::int64_t used_bytes = 0;         // all devices: mallocs + handles
+  std::int64_t mallocs = 0;            // calls that succeeded
+  std::int64_t handles_created = 0;
+  std::int64_t allocations_not_relaxed = 0;  // cudaMalloc/cuMemCreate outside relaxed mode
+  std::int64_t device_synchronizes = 0;
+  std::int64_t event_synchronizes = 0;
+  std::int64_t unsafe_unmaps = 0;      // cuMemUnmap while a stream had incomplete work
+};
+
+// Resets everything (frees what is still live) and applies `config`.
+void reset(const Config& config);
+Counters counters();
+// The (skip + 1)-th next call of `function` (e.g. "cudaMalloc",
+// "cuMemCreate") returns `code` (a cudaError_t or CUresult value) instead of
+// doing anything.
+void fail_next(const std::string& function, int code, int skip = 0);
+// The entry-point query answers "symbol not found" for `symbol`.
+void hide_symbol(const std::string& symbol);
+// Work enqueued on `stream` from now on stays incomplete until complete().
+void set_busy(cudaStream_t stream, bool busy);
+void complete(cudaStream_t stream);
+// True when every byte of [p, p + bytes) lies in granules mapped with access.
+bool accessible(const void* p, std::size_t bytes);
+// The calling thread's stream-capture mode.
+cudaStreamCaptureMode capture_mode();
+// (stream, event) of every cudaStreamWaitEvent since reset.
+std::vector<std::pair<cudaStream_t, cudaEvent_t>> waits();
+
+}  // namespace fake_cuda

@@ -1,0 +1,547 @@
+// test_cuda_device.cpp - CudaDevice and the Arena on top of it, run against
+// the fake CUDA runtime of fake_cuda.cpp (no GPU needed). Built, linked and
+// run by tools/check_cuda_build.py (make check-cuda, CI).
+//
+// Each test resets the fake, drives CudaDevice (directly or through an
+// Arena), and checks both what our code returns and what the fake saw:
+// leaks (mallocs, handles, reservations, events), the device each call
+// charged, the capture mode allocations ran under, unmaps while work was in
+// flight, and that no CUDA error is left behind for PyTorch's next
+// cudaGetLastError check.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/cuda_device.h"
+#include "core/errors.h"
+#include "fake_cuda.h"
+
+#include <cuda.h>  // CUresult codes for fault injection
+
+using namespace renaissance;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t(1) << 20;
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + \
+                               ": CHECK(" #cond ") failed");                          \
+  } while (0)
+
+#define CHECK_EQ(a, b)                                                                     \
+  do {                                                                                     \
+    const auto va_ = (a);                                                                  \
+    const auto vb_ = (b);                                                                  \
+    if (!(va_ == vb_)) {                                                                   \
+      throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " #a " == " \
+                    #b " failed: " + std::to_string(va_) + " vs " + std::to_string(vb_));  \
+    }                                                                                      \
+  } while (0)
+
+// Runs fn, which must throw E whose message contains every one of `parts`.
+template <typename E>
+void expect_throw(const std::function<void()>& fn, std::vector<std::string> parts, int line) {
+  try {
+    fn();
+  } catch (const E& e) {
+    for (const auto& p : parts) {
+      if (std::string(e.what()).find(p) == std::string::npos) {
+        throw Failure("line " + std::to_string(line) + ": message lacks '" + p + "': " + e.what());
+      }
+    }
+    return;
+  }
+  throw Failure("line " + std::to_string(line) + ": expected an exception");
+}
+#define EXPECT_THROW(E, stmt, ...) expect_throw<E>([&] { stmt; }, {__VA_ARGS__}, __LINE__)
+
+// No CUDA error may be left for the next cudaGetLastError (PyTorch checks
+// it after every kernel launch).
+void check_no_sticky_error() { CHECK_EQ(static_cast<int>(cudaGetLastError()), 0); }
+
+void check_nothing_live() {
+  const auto c = fake_cuda::counters();
+  CHECK_EQ(c.live_mallocs, 0);
+  CHECK_EQ(c.live_handles, 0);
+  CHECK_EQ(c.live_reservations, 0);
+  CHECK_EQ(c.live_mappings, 0);
+  CHECK_EQ(c.live_events, 0);
+  CHECK_EQ(c.used_bytes, 0);
+}
+
+fake_cuda::Config config(int devices = 1, std::size_t capacity = 256 * MiB, bool vmm = true) {
+  fake_cuda::Config c;
+  c.devices = devices;
+  c.capacity = capacity;
+  c.vmm = vmm;
+  return c;
+}
+
+cudaStream_t side_stream() { return reinterpret_cast<cudaStream_t>(std::uintptr_t(0x5100)); }
+StreamId sid(cudaStream_t s) { return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(s)); }
+
+// --- construction -------------------------------------------------------------
+
+void test_no_device() {
+  fake_cuda::reset(config(0));
+  EXPECT_THROW(DeviceError, CudaDevice d(0), "CUDA is not usable here", "cudaGetDeviceCount",
+               "no CUDA-capable device is detected", "cudaErrorNoDevice");
+  check_no_sticky_error();
+}
+
+void test_bad_index() {
+  fake_cuda::reset(config(2));
+  EXPECT_THROW(DeviceError, CudaDevice d(2), "cuda:2 does not exist (this machine has 2 CUDA devices)");
+  EXPECT_THROW(DeviceError, CudaDevice d(-1), "cuda:-1 does not exist");
+  CudaDevice ok(1);
+  CHECK(ok.name() == "cuda:1");
+  CHECK_EQ(ok.alignment(), std::size_t(512));
+}
+
+// --- reserve / release ----------------------------------------------------------
+
+void test_reserve_release() {
+  fake_cuda::reset(config());
+  CudaDevice d(0);
+  void* p = d.reserve(3 * MiB + 100);
+  CHECK(p != nullptr);
+  CHECK_EQ(reinterpret_cast<std::uintptr_t>(p) % 512, std::uintptr_t(0));
+  auto c = fake_cuda::counters();
+  CHECK_EQ(c.live_mallocs, 1);
+  CHECK_EQ(c.allocations_not_relaxed, 0);  // cudaMalloc ran in relaxed capture mode
+  CHECK(fake_cuda::capture_mode() == cudaStreamCaptureModeGlobal);  // and it was restored
+  const MemInfo info = d.mem_info();
+  CHECK_EQ(info.total_bytes, 256 * MiB);
+  CHECK_EQ(info.free_bytes, 256 * MiB - (3 * MiB + 100));
+  CHECK(d.reserve(0) == nullptr);
+  d.release(p, 3 * MiB + 100);
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+void test_device_guard() {
+  fake_cuda::reset(config(2));
+  CudaDevice d1(1);
+  CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+  void* p = d1.reserve(8 * MiB);
+  int current = -1;
+  CHECK_EQ(cudaGetDevice(&current), cudaSuccess);
+  CHECK_EQ(current, 0);  // restored
+  CHECK_EQ(d1.mem_info().free_bytes, 256 * MiB - 8 * MiB);  // charged to device 1
+  CudaDevice d0(0);
+  CHECK_EQ(d0.mem_info().free_bytes, 256 * MiB);
+  d1.release(p, 8 * MiB);
+  check_nothing_live();
+}
+
+void test_reserve_out_of_memory() {
+  fake_cuda::reset(config(1, 64 * MiB));
+  CudaDevice d(0);
+  CHECK(d.reserve(128 * MiB) == nullptr);
+  check_no_sticky_error();
+  CHECK(d.reserve(std::size_t(1) << 62) == nullptr);
+  check_no_sticky_error();
+  // A driver that answers an absurd size with "invalid argument": refused.
+  fake_cuda::fail_next("cudaMalloc", cudaErrorInvalidValue);
+  CHECK(d.reserve(65 * MiB) == nullptr);
+  check_no_sticky_error();
+  // "invalid argument" for a size the device could hold is a real error.
+  fake_cuda::fail_next("cudaMalloc", cudaErrorInvalidValue);
+  EXPECT_THROW(DeviceError, d.reserve(MiB), "cudaMalloc", "on cuda:0", "invalid argument",
+               "cudaErrorInvalidValue");
+  check_no_sticky_error();
+  void* p = d.reserve(MiB);  // works afterwards
+  CHECK(p != nullptr);
+  d.release(p, MiB);
+  check_nothing_live();
+}
+
+void test_error_text() {
+  fake_cuda::reset(config());
+  CudaDevice d(0);
+  void* p = d.reserve(MiB);
+  fake_cuda::fail_next("cudaFree", cudaErrorIllegalAddress);
+  EXPECT_THROW(DeviceError, d.release(p, MiB), "cudaFree(ptr) failed on cuda:0",
+               "an illegal memory access was encountered", "cudaErrorIllegalAddress");
+  check_no_sticky_error();
+  d.release(p, MiB);
+  fake_cuda::fail_next("cudaMemGetInfo", cudaErrorInvalidValue);
+  EXPECT_THROW(DeviceError, d.mem_info(), "cudaMemGetInfo");
+  fake_cuda::fail_next("cudaSetDevice", cudaErrorInvalidDevice);
+  fake_cuda::reset(config(2));
+  CudaDevice d1(1);
+  fake_cuda::fail_next("cudaSetDevice", cudaErrorInvalidDevice);
+  EXPECT_THROW(DeviceError, d1.reserve(MiB), "cudaSetDevice", "cuda:1", "invalid device ordinal");
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+// --- address ranges (VMM) -----------------------------------------------------------
+
+void test_vmm_status() {
+  fake_cuda::reset(config());
+  {
+    CudaDevice d(0);
+    CHECK(d.supports_address_ranges());
+    CHECK(d.vmm_status() == "on (granularity 2.00 MiB)");
+    CHECK_EQ(d.range_granularity(), 2 * MiB);
+  }
+  fake_cuda::reset(config(1, 256 * MiB, /*vmm=*/false));
+  {
+    CudaDevice d(0);
+    CHECK(!d.supports_address_ranges());
+    CHECK(d.vmm_status() == "off: the device does not support virtual memory management");
+    CHECK(d.reserve_range(2 * MiB) == nullptr);
+    CHECK(!d.map(reinterpret_cast<void*>(std::uintptr_t(1) << 40), 2 * MiB));
+  }
+  fake_cuda::reset(config());
+  fake_cuda::hide_symbol("cuMemCreate");
+  {
+    CudaDevice d(0);
+    CHECK(d.vmm_status() == "off: cuMemCreate not found in the CUDA driver");
+    CHECK(!d.supports_address_ranges());
+  }
+  fake_cuda::reset(config());
+  setenv("TORCH_RENAISSANCE_CUDA_VMM", "0", 1);
+  {
+    CudaDevice d(0);
+    CHECK(d.vmm_status() == "off: TORCH_RENAISSANCE_CUDA_VMM=0");
+  }
+  unsetenv("TORCH_RENAISSANCE_CUDA_VMM");
+  fake_cuda::Config odd = config();
+  odd.granularity = 3000;  // not a power of two: refused
+  fake_cuda::reset(odd);
+  {
+    CudaDevice d(0);
+    CHECK(!d.supports_address_ranges());
+    CHECK(d.vmm_status().rfind("off: cuMemGetAllocationGranularity", 0) == 0);
+  }
+  check_no_sticky_error();
+}
+
+void test_map_unmap() {
+  fake_cuda::reset(config());
+  CudaDevice d(0);
+  const std::size_t g = d.range_granularity();
+  char* base = static_cast<char*>(d.reserve_range(8 * g));
+  CHECK(base != nullptr);
+  CHECK(d.reserve_range(g + 1) == nullptr);  // not a granule multiple
+  CHECK(d.map(base + g, 2 * g));
+  CHECK(fake_cuda::accessible(base + g, 2 * g));
+  CHECK(!fake_cuda::accessible(base, g));
+  std::memset(base + g, 0x5a, 2 * g);  // really readable and writable
+  CHECK_EQ(static_cast<int>(base[3 * g - 1]), 0x5a);
+  auto c = fake_cuda::counters();
+  CHECK_EQ(c.live_handles, 2);  // one handle per granule
+  CHECK_EQ(c.allocations_not_relaxed, 0);
+  CHECK_EQ(d.mem_info().free_bytes, 256 * MiB - 2 * g);
+
+  EXPECT_THROW(DeviceError, d.map(base + 2 * g, g), "already mapped");
+  EXPECT_THROW(DeviceError, d.map(base + g / 2, g), "not granule aligned");
+  EXPECT_THROW(DeviceError, d.map(base + 7 * g, 2 * g), "not granule aligned");  // past the end
+  EXPECT_THROW(DeviceError, d.unmap(base, g), "not mapped");
+  EXPECT_THROW(DeviceError, d.release_range(base, 8 * g), "still has mapped memory");
+  EXPECT_THROW(DeviceError, d.release_range(base, 4 * g), "did not reserve");
+  CHECK_EQ(fake_cuda::counters().live_handles, 2);  // the refusals changed nothing
+
+  // Unmapping one granule of the two: the other stays usable.
+  fake_cuda::set_busy(side_stream(), true);
+  const EventId e = d.create_event();
+  d.record_event(e, sid(side_stream()));  // work in flight on a side stream
+  const auto syncs = fake_cuda::counters().device_synchronizes;
+  d.unmap(base + g, g);
+  c = fake_cuda::counters();
+  CHECK_EQ(c.device_synchronizes, syncs + 1);  // cuMemUnmap does not wait: we synchronize first
+  CHECK_EQ(c.unsafe_unmaps, 0);
+  CHECK(d.query_event(e));
+  CHECK(!fake_cuda::accessible(base + g, g));
+  CHECK(fake_cuda::accessible(base + 2 * g, g));
+  CHECK_EQ(static_cast<int>(base[2 * g]), 0x5a);
+  CHECK_EQ(c.live_handles, 1);
+  d.unmap(base + 2 * g, g);
+  d.release_range(base, 8 * g);
+  d.destroy_event(e);
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+void test_map_failures_roll_back() {
+  fake_cuda::reset(config(1, 64 * MiB));
+  CudaDevice d(0);
+  const std::size_t g = d.range_granularity();
+  char* base = static_cast<char*>(d.reserve_range(40 * g));  // 80 MiB of addresses
+  // Out of memory on the third granule: the two made are undone.
+  fake_cuda::fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 2);
+  CHECK(!d.map(base, 4 * g));
+  auto c = fake_cuda::counters();
+  CHECK_EQ(c.handles_created, 2);
+  CHECK_EQ(c.live_handles, 0);
+  CHECK_EQ(c.live_mappings, 0);
+  // A mapping failure is an error naming the call; nothing stays behind.
+  fake_cuda::fail_next("cuMemMap", CUDA_ERROR_ILLEGAL_ADDRESS, 1);
+  EXPECT_THROW(DeviceError, d.map(base, 4 * g), "cuMemMap failed on cuda:0",
+               "an illegal memory access was encountered");
+  c = fake_cuda::counters();
+  CHECK_EQ(c.live_handles, 0);
+  CHECK_EQ(c.live_mappings, 0);
+  fake_cuda::fail_next("cuMemSetAccess", CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_THROW(DeviceError, d.map(base, 2 * g), "cuMemSetAccess", "operation not supported");
+  CHECK_EQ(fake_cuda::counters().live_handles, 0);
+  fake_cuda::fail_next("cuMemSetAccess", CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(!d.map(base, 2 * g));
+  CHECK_EQ(fake_cuda::counters().live_mappings, 0);
+  // More than the device has free: refused before any handle is made.
+  const auto created = fake_cuda::counters().handles_created;
+  CHECK(!d.map(base, 40 * g));
+  CHECK_EQ(fake_cuda::counters().handles_created, created);
+  // After all that, the same range maps cleanly.
+  CHECK(d.map(base, 4 * g));
+  CHECK(fake_cuda::accessible(base, 4 * g));
+  d.unmap(base, 4 * g);
+  d.release_range(base, 40 * g);
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+void test_destructor_returns_ranges() {
+  fake_cuda::reset(config());
+  {
+    CudaDevice d(0);
+    const std::size_t g = d.range_granularity();
+    char* base = static_cast<char*>(d.reserve_range(4 * g));
+    CHECK(d.map(base, 3 * g));
+  }
+  check_nothing_live();  // the destructor unmapped, released and freed
+}
+
+// --- events ------------------------------------------------------------------------
+
+void test_events() {
+  fake_cuda::reset(config());
+  CudaDevice d(0);
+  const EventId e = d.create_event();
+  CHECK(d.query_event(e));  // never recorded: complete
+  fake_cuda::set_busy(side_stream(), true);
+  d.record_event(e, sid(side_stream()));
+  CHECK(!d.query_event(e));
+  check_no_sticky_error();  // "not ready" is an answer, not an error
+  fake_cuda::complete(side_stream());
+  CHECK(d.query_event(e));
+  d.record_event(e, sid(side_stream()));
+  CHECK(!d.query_event(e));
+  d.synchronize_event(e);
+  CHECK(d.query_event(e));
+  d.stream_wait_event(0, e);
+  const auto w = fake_cuda::waits();
+  CHECK_EQ(w.size(), std::size_t(1));
+  CHECK(w[0].first == nullptr && reinterpret_cast<std::uintptr_t>(w[0].second) == e);
+  fake_cuda::fail_next("cudaEventRecord", cudaErrorInvalidResourceHandle);
+  EXPECT_THROW(DeviceError, d.record_event(e, 12345), "cudaEventRecord", "invalid resource handle");
+  fake_cuda::fail_next("cudaEventQuery", cudaErrorIllegalAddress);
+  EXPECT_THROW(DeviceError, d.query_event(e), "cudaEventQuery", "an illegal memory access");
+  check_no_sticky_error();
+  d.destroy_event(e);
+  EXPECT_THROW(DeviceError, d.destroy_event(e), "cudaEventDestroy");
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+// --- the Arena on CudaDevice --------------------------------------------------------
+
+void test_arena_expandable() {
+  fake_cuda::reset(config());
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    std::vector<void*> ps;
+    for (std::size_t sz : {512 * std::size_t(1), 4 * MiB, 700 * std::size_t(1024), 24 * MiB, 100 * std::size_t(1)}) {
+      void* p = arena.allocate(sz, 0);
+      CHECK(fake_cuda::accessible(p, sz));  // mapped, with access, before it is handed out
+      std::memset(p, 1, sz);
+      ps.push_back(p);
+    }
+    auto c = fake_cuda::counters();
+    CHECK_EQ(c.live_mallocs, 0);  // served from address ranges, not cudaMalloc
+    CHECK(c.live_handles > 0);
+    CHECK_EQ(arena.stats().reserved_bytes[0].current, c.used_bytes);
+    arena.check_invariants();
+    for (void* p : ps) arena.deallocate(p);
+    arena.empty_cache();
+    c = fake_cuda::counters();
+    CHECK_EQ(c.live_handles, 0);  // everything unmapped
+    CHECK_EQ(c.unsafe_unmaps, 0);
+    CHECK_EQ(arena.stats().reserved_bytes[0].current, 0);
+    arena.check_invariants();
+  }
+  dev.reset();
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+void test_arena_record_stream() {
+  fake_cuda::reset(config());
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    fake_cuda::set_busy(side_stream(), true);
+    void* p = arena.allocate(8 * MiB, 0);
+    arena.record_stream(p, sid(side_stream()));
+    arena.deallocate(p);
+    arena.sync_point();  // one event recorded on the side stream for the group
+    void* q = arena.allocate(8 * MiB, 0);
+    CHECK(q != p);  // the side stream may still read p
+    arena.deallocate(q);
+    fake_cuda::complete(side_stream());
+    arena.sync_point();
+    void* r = arena.allocate(8 * MiB, 0);
+    CHECK(r == p || r == q);  // both are free again
+    arena.deallocate(r);
+    arena.check_invariants();
+    // empty_cache waits for pending uses, then unmaps: never while in flight.
+    void* s = arena.allocate(8 * MiB, 0);
+    arena.record_stream(s, sid(side_stream()));
+    arena.deallocate(s);
+    arena.empty_cache();
+    CHECK_EQ(fake_cuda::counters().unsafe_unmaps, 0);
+    CHECK_EQ(fake_cuda::counters().live_handles, 0);
+  }
+  dev.reset();
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+void test_arena_out_of_memory(bool vmm) {
+  fake_cuda::reset(config(1, 64 * MiB, vmm));
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    void* a = arena.allocate(40 * MiB, 0);
+    EXPECT_THROW(OutOfMemoryError, arena.allocate(32 * MiB, 0), "out of memory on cuda:0",
+                 "Tried to allocate 32.00 MiB", "of 64.00 MiB");
+    check_no_sticky_error();
+    arena.check_invariants();
+    void* b = arena.allocate(8 * MiB, 0);  // the next normal allocation works
+    CHECK(b != nullptr);
+    EXPECT_THROW(OutOfMemoryError, arena.allocate(std::size_t(1) << 62, 0), "Tried to allocate");
+    arena.deallocate(a);
+    arena.deallocate(b);
+    // With a 40 MiB block cached, a 48 MiB request succeeds by giving the cache back.
+    void* c = arena.allocate(48 * MiB, 0);
+    CHECK(c != nullptr);
+    arena.deallocate(c);
+    arena.empty_cache();
+    arena.check_invariants();
+  }
+  dev.reset();
+  check_nothing_live();
+}
+
+void test_arena_without_vmm() {
+  fake_cuda::reset(config(1, 256 * MiB, false));
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    void* small = arena.allocate(1000, 0);
+    void* large = arena.allocate(3 * MiB, 0);
+    auto c = fake_cuda::counters();
+    CHECK_EQ(c.live_mallocs, 2);  // one 2 MiB small segment, one 20 MiB large segment
+    CHECK_EQ(c.used_bytes, static_cast<std::int64_t>(22 * MiB));
+    arena.deallocate(small);
+    arena.deallocate(large);
+    arena.empty_cache();
+    CHECK_EQ(fake_cuda::counters().live_mallocs, 0);
+  }
+  dev.reset();
+  check_nothing_live();
+}
+
+void test_arena_threads() {
+  fake_cuda::reset(config(1, std::size_t(1) << 30));
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&arena, t] {
+        std::vector<void*> live;
+        std::uint64_t x = 0x9e3779b97f4a7c15ull * (t + 1);
+        for (int i = 0; i < 3000; ++i) {
+          x ^= x << 13;
+          x ^= x >> 7;
+          x ^= x << 17;
+          if (live.size() < 16 && (x & 3) != 0) {
+            const std::size_t sz = (x >> 8) % (6 * MiB) + 1;
+            void* p = arena.allocate(sz, 0);
+            static_cast<char*>(p)[0] = 1;
+            static_cast<char*>(p)[sz - 1] = 2;
+            live.push_back(p);
+          } else if (!live.empty()) {
+            const std::size_t k = (x >> 16) % live.size();
+            arena.deallocate(live[k]);
+            live[k] = live.back();
+            live.pop_back();
+          }
+          if (i % 500 == 0 && t == 0) arena.empty_cache();
+        }
+        for (void* p : live) arena.deallocate(p);
+      });
+    }
+    for (auto& th : threads) th.join();
+    arena.check_invariants();
+    CHECK_EQ(arena.stats().allocated_bytes[0].current, 0);
+    arena.empty_cache();
+    CHECK_EQ(fake_cuda::counters().unsafe_unmaps, 0);
+  }
+  dev.reset();
+  check_nothing_live();
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+      {"no_device", test_no_device},
+      {"bad_index", test_bad_index},
+      {"reserve_release", test_reserve_release},
+      {"device_guard", test_device_guard},
+      {"reserve_out_of_memory", test_reserve_out_of_memory},
+      {"error_text", test_error_text},
+      {"vmm_status", test_vmm_status},
+      {"map_unmap", test_map_unmap},
+      {"map_failures_roll_back", test_map_failures_roll_back},
+      {"destructor_returns_ranges", test_destructor_returns_ranges},
+      {"events", test_events},
+      {"arena_expandable", test_arena_expandable},
+      {"arena_record_stream", test_arena_record_stream},
+      {"arena_out_of_memory_vmm", [] { test_arena_out_of_memory(true); }},
+      {"arena_out_of_memory_cudamalloc", [] { test_arena_out_of_memory(false); }},
+      {"arena_without_vmm", test_arena_without_vmm},
+      {"arena_threads", test_arena_threads},
+  };
+  int failed = 0;
+  for (const auto& [name, fn] : tests) {
+    try {
+      fn();
+      std::printf("PASS %s\n", name);
+    } catch (const std::exception& e) {
+      ++failed;
+      std::printf("FAIL %s: %s\n", name, e.what());
+    }
+  }
+  std::printf("%zu tests, %d failed\n", tests.size(), failed);
+  return failed ? 1 : 0;
+}
