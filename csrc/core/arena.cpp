@@ -36,11 +36,13 @@ int expandable_class(PoolKind pool, bool persistent) {
 
 }  // namespace
 
-Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config)
+Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
+             std::shared_ptr<StatsGroup> group)
     : device_(std::move(device)),
       config_(config),
       unit_(checked(device_).alignment()),
       ranges_ok_(device_->supports_address_ranges()),
+      group_(std::move(group)),
       events_(*device_),
       pending_(*device_, events_) {
   if (unit_ == 0 || (unit_ & (unit_ - 1)) != 0) {
@@ -75,15 +77,51 @@ Arena::~Arena() {
     }
   }
   for (EpochEvent& e : epoch_) events_.put(e.event);
+  if (group_) {
+    try {
+      group_->withdraw(published_);
+    } catch (...) {
+      // As above: nothing may escape a destructor.
+    }
+  }
+}
+
+// The lock of a public call that may change the stats: publishes them to the
+// stats group (if any) before unlocking, whether the call returns or throws.
+class Arena::Op {
+ public:
+  explicit Op(Arena& a) : a_(a), g_(a.mu_) {}
+  ~Op() { a_.publish_locked(); }
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+ private:
+  Arena& a_;
+  std::lock_guard<std::mutex> g_;
+};
+
+void Arena::publish_locked() noexcept {
+  if (!group_) return;
+  try {
+    group_->publish(stats_, published_);
+  } catch (...) {
+    // Only std::mutex::lock can throw here (resource exhaustion); the totals
+    // catch up with the next publication.
+  }
 }
 
 // ---------------------------------------------------------------------------
 // public API
 // ---------------------------------------------------------------------------
 
+void Arena::set_max_reserved_bytes(std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  config_.max_reserved_bytes = bytes;
+}
+
 void* Arena::allocate(std::size_t size, StreamId stream) {
   if (size == 0) return nullptr;
-  std::lock_guard<std::mutex> g(mu_);
+  Op g(*this);
   if (size > kMaxRequest) raise_oom_locked(size, "the size is beyond what any device can hold");
   const std::size_t rounded = round_up(size, unit_);
   Block* b = nullptr;
@@ -95,7 +133,7 @@ void* Arena::allocate(std::size_t size, StreamId stream) {
 
 void Arena::deallocate(void* ptr) {
   if (!ptr) return;
-  std::lock_guard<std::mutex> g(mu_);
+  Op g(*this);
   Block* b = live_block_locked(ptr, "free");
   live_.erase(b->ptr);
   if (steps_) steps_->on_free(b);
@@ -128,7 +166,7 @@ void Arena::record_stream(void* ptr, StreamId stream) {
 }
 
 void Arena::empty_cache() {
-  std::lock_guard<std::mutex> g(mu_);
+  Op g(*this);
   synchronize_pending_locked();
   release_cached_locked();
 }
@@ -139,12 +177,12 @@ void Arena::set_persistent_hint(bool on) {
 }
 
 void Arena::sync_point() {
-  std::lock_guard<std::mutex> g(mu_);
+  Op g(*this);
   boundary_locked();
 }
 
 void Arena::set_capturing(bool capturing) {
-  std::lock_guard<std::mutex> g(mu_);
+  Op g(*this);
   capturing_ = capturing;
   if (capturing) return;
   // Give back what release_segment_locked had to keep during the capture.
@@ -156,12 +194,12 @@ void Arena::set_capturing(bool capturing) {
 }
 
 void Arena::begin_step(std::uint64_t key) {
-  std::lock_guard<std::mutex> g(mu_);
+  Op g(*this);
   if (steps_) steps_->begin_step(key);
 }
 
 void Arena::end_step() {
-  std::lock_guard<std::mutex> g(mu_);
+  Op g(*this);
   boundary_locked();
   if (steps_) steps_->end_step();
 }

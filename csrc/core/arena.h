@@ -135,7 +135,10 @@ class StepPlanner;
 
 class Arena {
  public:
-  Arena(std::shared_ptr<Device> device, ArenaConfig config);
+  // `group`: the stats group of the device's arenas (see StatsGroup), or
+  // null for an arena whose stats are its own.
+  Arena(std::shared_ptr<Device> device, ArenaConfig config,
+        std::shared_ptr<StatsGroup> group = nullptr);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -148,6 +151,10 @@ class Arena {
   // enqueued before its free is done. A no-op for the allocating stream and
   // for nullptr. Raises InvalidPointerError for a pointer that is not live.
   void record_stream(void* ptr, StreamId stream);
+  // Changes the limit on reserved bytes (0: none) for the growth that
+  // follows; what is reserved already stays (PyTorch's
+  // set_per_process_memory_fraction acts the same way).
+  void set_max_reserved_bytes(std::size_t bytes);
   // Returns wholly free segments (and free tails of expandable segments) to
   // the device, after synchronizing pending stream uses.
   void empty_cache();
@@ -201,6 +208,8 @@ class Arena {
 
  private:
   friend class StepPlanner;
+  class Op;
+  void publish_locked() noexcept;
 
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
@@ -270,6 +279,8 @@ class Arena {
   std::unordered_map<const void*, Block*> live_;
 
   DeviceStats stats_;
+  std::shared_ptr<StatsGroup> group_;
+  DeviceStats published_;  // what group_ has of stats_ (current values)
   EventPool events_;
   PendingGroups pending_;
   struct EpochEvent {

@@ -104,6 +104,7 @@ struct CudaDevice::Vmm {
 
   std::size_t granularity = 0;
   CUmemAllocationProp prop{};
+  std::vector<CUmemAccessDesc> access;  // this device, then each peer (guarded by mu)
 
   std::mutex mu;
   struct Range {
@@ -202,6 +203,10 @@ void CudaDevice::init_vmm() const {
       vmm_status_ = "off: cuMemGetAllocationGranularity failed: " + v->text(r);
       return;
     }
+    CUmemAccessDesc own{};
+    own.location = v->prop.location;
+    own.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    v->access.push_back(own);
     vmm_status_ = "on (granularity " + format_bytes(v->granularity) + ")";
     vmm_ = std::move(v);
   });
@@ -383,10 +388,7 @@ bool CudaDevice::map(void* ptr, std::size_t bytes) {
     }
     made.emplace_back(off, h);
   }
-  CUmemAccessDesc access{};
-  access.location = v.prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  const CUresult r = v.set_access(static_cast<CUdeviceptr>(p), bytes, &access, 1);
+  const CUresult r = v.set_access(static_cast<CUdeviceptr>(p), bytes, v.access.data(), v.access.size());
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     rollback();
     return false;
@@ -430,6 +432,34 @@ void CudaDevice::unmap(void* ptr, std::size_t bytes) {
     range->granules.erase(it);
     if (r != CUDA_SUCCESS) v.fail(r, "cuMemRelease", index_);
   }
+}
+
+void CudaDevice::add_peer_access(int peer) {
+  if (peer == index_) return;
+  const int n = device_count();
+  if (peer < 0 || peer >= n) {
+    throw DeviceError("torch_renaissance: peer access from cuda:" + std::to_string(peer) +
+                      ", which does not exist (this machine has " + std::to_string(n) +
+                      " CUDA device" + (n == 1 ? "" : "s") + ")");
+  }
+  if (!supports_address_ranges()) return;
+  Vmm& v = *vmm_;
+  std::lock_guard<std::mutex> g(v.mu);
+  for (const CUmemAccessDesc& a : v.access) {
+    if (a.location.id == peer) return;
+  }
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = peer;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  DeviceGuard guard(index_);
+  for (auto& [base, range] : v.ranges) {
+    for (auto& [off, h] : range.granules) {
+      const CUresult r = v.set_access(static_cast<CUdeviceptr>(base + off), v.granularity, &desc, 1);
+      if (r != CUDA_SUCCESS) v.fail(r, "cuMemSetAccess", index_);
+    }
+  }
+  v.access.push_back(desc);
 }
 
 // ---------------------------------------------------------------------------

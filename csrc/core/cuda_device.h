@@ -21,6 +21,8 @@
 //     its own physical handle, so unmap() can return any granule-aligned
 //     sub-range. unmap() synchronizes the device first: unlike cudaFree,
 //     cuMemUnmap does not wait for kernels that may still use the memory.
+//     map() grants access to this device and to every peer added with
+//     add_peer_access().
 //   * Events are created with cudaEventDisableTiming; an EventId is the
 //     cudaEvent_t, a StreamId the cudaStream_t (0: the legacy default
 //     stream).
@@ -74,6 +76,15 @@ class CudaDevice final : public Device {
   bool query_event(EventId event) override;
   void synchronize_event(EventId event) override;
   void stream_wait_event(StreamId stream, EventId event) override;
+
+  // Lets device `peer` read and write the memory of this device's address
+  // ranges, mapped now and later (PyTorch's addPeerAccess for expandable
+  // segments): cudaDeviceEnablePeerAccess covers cudaMalloc memory only. The
+  // caller enables peer access itself. A no-op without address ranges, for
+  // this device and for a peer added before. Raises DeviceError (bad index,
+  // or the driver refused; access granted to granules before the failure
+  // stays).
+  void add_peer_access(int peer);
 
   // Why address ranges are (not) offered, e.g. "on (granularity 2 MiB)" or
   // "off: cuMemCreate not found in the driver". For diagnostics and tests.

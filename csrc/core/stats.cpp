@@ -20,6 +20,31 @@ void DeviceStats::reset_accumulated() {
   events_recorded = event_queries = 0;
 }
 
+void StatsGroup::publish(const DeviceStats& now, DeviceStats& published) {
+  std::lock_guard<std::mutex> g(mu_);
+  for_each_stat(totals_, now, published, [](Stat& t, const Stat& n, Stat& p) {
+    if (n.current == p.current) return;
+    t.current += n.current - p.current;
+    if (t.current > t.peak) t.peak = t.current;
+    p.current = n.current;
+  });
+}
+
+void StatsGroup::withdraw(const DeviceStats& published) {
+  std::lock_guard<std::mutex> g(mu_);
+  for_each_stat(totals_, published, [](Stat& t, const Stat& p) { t.current -= p.current; });
+}
+
+DeviceStats StatsGroup::totals() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return totals_;
+}
+
+void StatsGroup::reset_peak() {
+  std::lock_guard<std::mutex> g(mu_);
+  totals_.reset_peak();
+}
+
 void DeviceStats::add_counters(const DeviceStats& o) {
   num_alloc_retries += o.num_alloc_retries;
   num_ooms += o.num_ooms;

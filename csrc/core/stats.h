@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 namespace renaissance {
 
@@ -78,21 +79,57 @@ struct DeviceStats {
   void add_counters(const DeviceStats& o);
 };
 
+namespace detail {
+inline constexpr StatArray DeviceStats::*kStatArrays[] = {
+    &DeviceStats::allocation,      &DeviceStats::segment,         &DeviceStats::active,
+    &DeviceStats::inactive_split,  &DeviceStats::allocated_bytes, &DeviceStats::reserved_bytes,
+    &DeviceStats::active_bytes,    &DeviceStats::inactive_split_bytes,
+    &DeviceStats::requested_bytes};
+inline constexpr Stat DeviceStats::*kStats[] = {
+    &DeviceStats::oversize_allocations, &DeviceStats::oversize_segments,
+    &DeviceStats::pending_bytes};
+}  // namespace detail
+
 // Calls f(a.x, b.x) for every Stat x of two DeviceStats (the StatArrays
 // element by element, then oversize_* and pending_bytes).
 template <typename A, typename B, typename F>
 void for_each_stat(A& a, B& b, F f) {
-  StatArray DeviceStats::*arrays[] = {
-      &DeviceStats::allocation,      &DeviceStats::segment,        &DeviceStats::active,
-      &DeviceStats::inactive_split,  &DeviceStats::allocated_bytes, &DeviceStats::reserved_bytes,
-      &DeviceStats::active_bytes,    &DeviceStats::inactive_split_bytes,
-      &DeviceStats::requested_bytes};
-  for (auto m : arrays) {
+  for (auto m : detail::kStatArrays) {
     for (std::size_t i = 0; i < 3; ++i) f((a.*m)[i], (b.*m)[i]);
   }
-  f(a.oversize_allocations, b.oversize_allocations);
-  f(a.oversize_segments, b.oversize_segments);
-  f(a.pending_bytes, b.pending_bytes);
+  for (auto m : detail::kStats) f(a.*m, b.*m);
 }
+
+// The same over three DeviceStats: f(a.x, b.x, c.x).
+template <typename A, typename B, typename C, typename F>
+void for_each_stat(A& a, B& b, C& c, F f) {
+  for (auto m : detail::kStatArrays) {
+    for (std::size_t i = 0; i < 3; ++i) f((a.*m)[i], (b.*m)[i], (c.*m)[i]);
+  }
+  for (auto m : detail::kStats) f(a.*m, b.*m, c.*m);
+}
+
+// Device-wide current and peak values of several arenas that share one
+// device (PyTorch keeps one DeviceStats per device, whatever the pools): the
+// peak of a sum is not the sum of the peaks. Each arena in the group
+// publishes its changes at the end of every operation, under its own lock;
+// the group has its own mutex and calls nothing else, so the lock order is
+// always arena -> group. Only `current` and `peak` of the totals are kept:
+// `allocated` and `freed` of a sum are the sums.
+class StatsGroup {
+ public:
+  // Adds now.current - published.current to the totals (raising their
+  // peaks) and sets published.current = now.current, for every Stat.
+  void publish(const DeviceStats& now, DeviceStats& published);
+  // Removes an arena that is going away (its last published values).
+  void withdraw(const DeviceStats& published);
+  // The totals: current and peak of every Stat (other fields are 0).
+  DeviceStats totals() const;
+  void reset_peak();
+
+ private:
+  mutable std::mutex mu_;
+  DeviceStats totals_;
+};
 
 }  // namespace renaissance

@@ -28,7 +28,7 @@ struct Reservation {
 };
 struct Mapping {
   CUmemGenericAllocationHandle handle = 0;
-  bool access = false;
+  std::set<int> access;  // devices that may read and write it
 };
 struct Stream {
   bool busy = false;
@@ -238,7 +238,7 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
   for (auto a : gs) {
     if (s.mappings.count(a)) return CUDA_ERROR_INVALID_VALUE;  // already mapped
   }
-  for (auto a : gs) s.mappings[a] = Mapping{handle, false};
+  for (auto a : gs) s.mappings[a] = Mapping{handle, {}};
   s.counters.live_mappings += static_cast<std::int64_t>(gs.size());
   return CUDA_SUCCESS;
 }
@@ -249,14 +249,20 @@ CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc
   int code = 0;
   if (injected(s, "cuMemSetAccess", &code)) return static_cast<CUresult>(code);
   const auto gs = granules(s, ptr, size);
-  if (gs.empty() || count != 1 || desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE ||
-      desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-    return CUDA_ERROR_INVALID_VALUE;
+  if (gs.empty() || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE ||
+        desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+        desc[i].location.id >= s.config.devices) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
   }
   for (auto a : gs) {
     if (!s.mappings.count(a)) return CUDA_ERROR_INVALID_VALUE;
   }
-  for (auto a : gs) s.mappings[a].access = true;
+  for (auto a : gs) {
+    for (size_t i = 0; i < count; ++i) s.mappings[a].access.insert(desc[i].location.id);
+  }
   mprotect(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), size, PROT_READ | PROT_WRITE);
   return CUDA_SUCCESS;
 }
@@ -353,14 +359,14 @@ void complete(cudaStream_t stream) {
   st.done = st.issued;
 }
 
-bool accessible(const void* p, std::size_t bytes) {
+bool accessible(const void* p, std::size_t bytes, int device) {
   State& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   const std::size_t gran = s.config.granularity;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   for (std::uintptr_t gr = a / gran * gran; gr < a + bytes; gr += gran) {
     auto it = s.mappings.find(gr);
-    if (it == s.mappings.end() || !it->second.access) return false;
+    if (it == s.mappings.end() || !it->second.access.count(device)) return false;
   }
   return bytes > 0;
 }

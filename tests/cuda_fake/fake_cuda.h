@@ -18,7 +18,8 @@
 //     incomplete work is counted as unsafe (the driver does not wait);
 //   * VMM: address reservations are real PROT_NONE mappings, handles are
 //     charged to the device, cuMemSetAccess makes granules readable and
-//     writable, cuMemUnmap makes them inaccessible again, and freeing a
+//     writable (and records which devices may access them), cuMemUnmap
+//     makes them inaccessible again, and freeing a
 //     reservation that still has mappings is refused;
 //   * fault injection: the n-th next call of a named function returns a
 //     given code; a driver symbol can be hidden from the entry-point query.
@@ -69,8 +70,9 @@ void hide_symbol(const std::string& symbol);
 // Work enqueued on `stream` from now on stays incomplete until complete().
 void set_busy(cudaStream_t stream, bool busy);
 void complete(cudaStream_t stream);
-// True when every byte of [p, p + bytes) lies in granules mapped with access.
-bool accessible(const void* p, std::size_t bytes);
+// True when every byte of [p, p + bytes) lies in granules mapped with
+// read-write access for `device`.
+bool accessible(const void* p, std::size_t bytes, int device = 0);
 // The calling thread's stream-capture mode.
 cudaStreamCaptureMode capture_mode();
 // (stream, event) of every cudaStreamWaitEvent since reset.

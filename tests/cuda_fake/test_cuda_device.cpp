@@ -328,6 +328,34 @@ void test_destructor_returns_ranges() {
   check_nothing_live();  // the destructor unmapped, released and freed
 }
 
+void test_peer_access() {
+  fake_cuda::reset(config(2));
+  CudaDevice d(0);
+  const std::size_t g = d.range_granularity();
+  char* base = static_cast<char*>(d.reserve_range(4 * g));
+  CHECK(d.map(base, 2 * g));
+  CHECK(fake_cuda::accessible(base, 2 * g, 0));
+  CHECK(!fake_cuda::accessible(base, 2 * g, 1));
+  d.add_peer_access(0);  // itself: nothing to do
+  EXPECT_THROW(DeviceError, d.add_peer_access(2), "peer access from cuda:2, which does not exist");
+  fake_cuda::fail_next("cuMemSetAccess", CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_THROW(DeviceError, d.add_peer_access(1), "cuMemSetAccess", "operation not supported");
+  d.add_peer_access(1);  // what is mapped now ...
+  CHECK(fake_cuda::accessible(base, 2 * g, 1));
+  CHECK(d.map(base + 2 * g, g));  // ... and what is mapped later
+  CHECK(fake_cuda::accessible(base + 2 * g, g, 0));
+  CHECK(fake_cuda::accessible(base + 2 * g, g, 1));
+  d.add_peer_access(1);  // again: a no-op
+  d.unmap(base, 3 * g);
+  d.release_range(base, 4 * g);
+  check_nothing_live();
+  check_no_sticky_error();
+  fake_cuda::reset(config(2, 256 * MiB, false));
+  CudaDevice plain(0);
+  plain.add_peer_access(1);  // cudaMalloc memory: peer access covers it already
+  check_nothing_live();
+}
+
 // --- events ------------------------------------------------------------------------
 
 void test_events() {
@@ -510,6 +538,72 @@ void test_arena_threads() {
   check_nothing_live();
 }
 
+// Two arenas of one device in a StatsGroup (the default arena and a graph
+// pool): device-wide peaks are peaks of the sum, not sums of the peaks.
+void test_stats_group() {
+  fake_cuda::reset(config());
+  auto dev = std::make_shared<CudaDevice>(0);
+  auto group = std::make_shared<StatsGroup>();
+  const auto m64 = static_cast<std::int64_t>(64 * MiB);
+  {
+    Arena a(dev, ArenaConfig{}, group);
+    {
+      Arena b(dev, ArenaConfig{}, group);
+      void* p = a.allocate(64 * MiB, 0);
+      a.deallocate(p);
+      void* q = b.allocate(64 * MiB, 0);
+      DeviceStats t = group->totals();
+      CHECK_EQ(t.allocated_bytes[0].current, m64);
+      CHECK_EQ(t.allocated_bytes[0].peak, m64);  // each arena's peak is 64 MiB; the sum's too
+      CHECK_EQ(a.stats().allocated_bytes[0].peak + b.stats().allocated_bytes[0].peak, 2 * m64);
+      CHECK_EQ(t.reserved_bytes[0].current,
+               a.stats().reserved_bytes[0].current + b.stats().reserved_bytes[0].current);
+      CHECK_EQ(t.allocation[0].peak, std::int64_t(1));
+      void* r = a.allocate(32 * MiB, 0);
+      t = group->totals();
+      CHECK_EQ(t.allocated_bytes[0].peak, m64 + m64 / 2);
+      a.deallocate(r);
+      b.deallocate(q);
+      // An out-of-memory error is published too (it throws out of allocate).
+      EXPECT_THROW(OutOfMemoryError, a.allocate(std::size_t(1) << 40, 0), "out of memory");
+      t = group->totals();
+      CHECK_EQ(t.allocated_bytes[0].current, std::int64_t(0));
+      group->reset_peak();
+      CHECK_EQ(group->totals().allocated_bytes[0].peak, std::int64_t(0));
+      CHECK_EQ(group->totals().reserved_bytes[0].peak, group->totals().reserved_bytes[0].current);
+    }
+    // b is gone: its reserved memory left the totals with it.
+    CHECK_EQ(group->totals().reserved_bytes[0].current, a.stats().reserved_bytes[0].current);
+    a.empty_cache();
+    CHECK_EQ(group->totals().reserved_bytes[0].current, std::int64_t(0));
+  }
+  CHECK_EQ(group->totals().segment[0].current, std::int64_t(0));
+  dev.reset();
+  check_nothing_live();
+}
+
+// A limit set after memory was reserved (set_per_process_memory_fraction).
+void test_limit_changes() {
+  fake_cuda::reset(config());
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    void* p = arena.allocate(32 * MiB, 0);
+    arena.set_max_reserved_bytes(40 * MiB);
+    EXPECT_THROW(OutOfMemoryError, arena.allocate(16 * MiB, 0), "limit: 40.00 MiB");
+    void* q = arena.allocate(4 * MiB, 0);  // within the limit
+    arena.set_max_reserved_bytes(16 * MiB);  // below what is reserved: no growth, nothing lost
+    EXPECT_THROW(OutOfMemoryError, arena.allocate(8 * MiB, 0), "limit: 16.00 MiB");
+    CHECK(fake_cuda::accessible(p, 32 * MiB));
+    arena.set_max_reserved_bytes(0);
+    void* r = arena.allocate(16 * MiB, 0);
+    for (void* x : {p, q, r}) arena.deallocate(x);
+    arena.check_invariants();
+  }
+  dev.reset();
+  check_nothing_live();
+}
+
 }  // namespace
 
 int main() {
@@ -524,6 +618,7 @@ int main() {
       {"map_unmap", test_map_unmap},
       {"map_failures_roll_back", test_map_failures_roll_back},
       {"destructor_returns_ranges", test_destructor_returns_ranges},
+      {"peer_access", test_peer_access},
       {"events", test_events},
       {"arena_expandable", test_arena_expandable},
       {"arena_record_stream", test_arena_record_stream},
@@ -531,6 +626,8 @@ int main() {
       {"arena_out_of_memory_cudamalloc", [] { test_arena_out_of_memory(false); }},
       {"arena_without_vmm", test_arena_without_vmm},
       {"arena_threads", test_arena_threads},
+      {"stats_group", test_stats_group},
+      {"limit_changes", test_limit_changes},
   };
   int failed = 0;
   for (const auto& [name, fn] : tests) {
