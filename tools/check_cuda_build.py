@@ -49,7 +49,8 @@ STRICT = {"csrc/core/cuda_device.cpp", "csrc/torch/cuda_allocator.cpp",
           "csrc/python/cuda_bindings.cpp", "tests/cuda_fake/fake_cuda.cpp",
           "tests/cuda_fake/test_cuda_device.cpp"}
 FAKE = ["tests/cuda_fake/fake_cuda.cpp", "tests/cuda_fake/test_cuda_device.cpp"]
-EXPORTED = ["torch_renaissance_cuda_malloc", "torch_renaissance_cuda_free",
+EXPORTED = ["torch_renaissance_cuda_malloc", "torch_renaissance_cuda_malloc_or_null",
+            "torch_renaissance_cuda_free",
             "torch_renaissance_cuda_record_stream", "torch_renaissance_cuda_empty_cache"]
 
 SMOKE_MAIN = r"""

@@ -28,13 +28,15 @@ import torch
 #: Names of the exported C functions in the compiled extension (the plain path).
 SYMBOLS = {
     "malloc": "torch_renaissance_cuda_malloc",        # void*(ssize_t, int, cudaStream_t)
+    # The same, returning NULL when out of memory (for a MemPool over PyTorch's allocator).
+    "malloc_or_null": "torch_renaissance_cuda_malloc_or_null",
     "free": "torch_renaissance_cuda_free",            # void(void*, ssize_t, int, cudaStream_t)
     "record_stream": "torch_renaissance_cuda_record_stream",  # void(void*, cudaStream_t)
     "empty_cache": "torch_renaissance_cuda_empty_cache",      # void()
 }
 
 _lock = threading.Lock()
-_pluggable = None
+_pluggable: dict = {}
 
 
 def _ext():
@@ -123,9 +125,13 @@ def pluggable_allocator():
     Raises:
         RuntimeError: the extension was built without CUDA.
     """
-    global _pluggable
+    return _pluggable_for("malloc")
+
+
+def _pluggable_for(malloc: str):
+    """The CUDAPluggableAllocator whose malloc is ``SYMBOLS[malloc]`` (one per symbol)."""
     with _lock:
-        if _pluggable is None:
+        if malloc not in _pluggable:
             C = _ext()
             from torch_renaissance.allocator import make_config
 
@@ -133,7 +139,7 @@ def pluggable_allocator():
             import ctypes
 
             alloc = torch.cuda.memory.CUDAPluggableAllocator(
-                library_path(), SYMBOLS["malloc"], SYMBOLS["free"])
+                library_path(), SYMBOLS[malloc], SYMBOLS["free"])
             lib = ctypes.CDLL(library_path())
             inner = alloc.allocator()
             for setter, name in (("set_record_stream_fn", "record_stream"),
@@ -141,8 +147,8 @@ def pluggable_allocator():
                 fn = getattr(inner, setter, None)
                 if fn is not None:
                     fn(ctypes.cast(getattr(lib, SYMBOLS[name]), ctypes.c_void_p).value)
-            _pluggable = alloc
-        return _pluggable
+            _pluggable[malloc] = alloc
+        return _pluggable[malloc]
 
 
 def mem_pool(device: Optional[Any] = None) -> "torch.cuda.MemPool":
@@ -151,7 +157,8 @@ def mem_pool(device: Optional[Any] = None) -> "torch.cuda.MemPool":
     With torch_renaissance installed for CUDA, this is a plain
     ``torch.cuda.MemPool()``: our allocator serves it from a private arena.
     Otherwise PyTorch's allocator manages the pool's blocks and takes the
-    pool's memory from our arena through :func:`pluggable_allocator`.
+    pool's memory from our arena through a ``CUDAPluggableAllocator`` like
+    :func:`pluggable_allocator`'s, whose malloc returns NULL when out of memory.
 
     Args:
         device: the CUDA device of the pool (default: the current device).
@@ -175,4 +182,6 @@ def mem_pool(device: Optional[Any] = None) -> "torch.cuda.MemPool":
     with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
         if allocator.is_installed("cuda"):
             return torch.cuda.MemPool()
-        return torch.cuda.MemPool(pluggable_allocator().allocator())
+        # PyTorch's allocator treats NULL from a pool's allocator as "out of
+        # memory" (it frees its cached blocks and retries, then raises).
+        return torch.cuda.MemPool(_pluggable_for("malloc_or_null").allocator())

@@ -56,9 +56,9 @@ cudaStream_t to_stream(StreamId s) {
 
 // --- statistics ------------------------------------------------------------
 
+// Peaks are not summed: the device's StatsGroup has the peaks of the sums.
 void add_stat(Stat& into, const Stat& s) {
   into.current += s.current;
-  into.peak += s.peak;
   into.allocated += s.allocated;
   into.freed += s.freed;
 }
@@ -69,13 +69,12 @@ void add_stats(DeviceStats& into, const DeviceStats& s) {
 }
 
 // Folds the stats of a pool being destroyed: its memory is all given back,
-// so everything it allocated counts as freed; its peak joins as a maximum
-// (pools that lived one after another do not add up).
+// so everything it allocated counts as freed (its peaks live on in the
+// device's StatsGroup).
 void retire_stats(DeviceStats& into, const DeviceStats& s) {
   for_each_stat(into, s, [](Stat& a, const Stat& b) {
     a.allocated += b.allocated;
     a.freed += b.freed + b.current;
-    a.peak = std::max(a.peak, b.peak);
   });
   into.add_counters(s);
   into.num_device_free += s.segment[0].current;  // its segments are freed with it
@@ -131,12 +130,14 @@ class DeviceState {
       : index(index),
         device(std::make_shared<CudaDevice>(index)),
         pool_config(pool_config_of(config)),
-        arena(std::make_shared<Arena>(device, config)) {}
+        group(std::make_shared<StatsGroup>()),
+        arena(std::make_shared<Arena>(device, config, group)) {}
 
   const int index;
   const std::shared_ptr<CudaDevice> device;
-  const ArenaConfig pool_config;
-  const std::shared_ptr<Arena> arena;  // the default pool; lives for the process
+  ArenaConfig pool_config;                  // guarded by mu (the limit changes)
+  const std::shared_ptr<StatsGroup> group;  // device-wide peaks of all arenas below
+  const std::shared_ptr<Arena> arena;       // the default pool; lives for the process
 
   std::atomic<int> windows_open{0};  // fast check on the allocation path
   std::mutex mu;                     // guards everything below
@@ -149,7 +150,7 @@ class DeviceState {
     auto it = pools.find(id);
     if (it != pools.end()) return it->second;
     PoolEntry p;
-    p.arena = std::make_shared<Arena>(device, pool_config);
+    p.arena = std::make_shared<Arena>(device, pool_config, group);
     if (!windows.empty()) p.arena->set_capturing(true);
     return pools.emplace(id, std::move(p)).first->second;
   }
@@ -187,6 +188,28 @@ class DeviceState {
     return dead;
   }
 
+  // Gives back the cached memory of every pool that no graph or MemPool uses
+  // any more (use count 0; nothing is captured while a window is open), and
+  // moves those that hold nothing live to `dead`, for the caller to destroy
+  // outside the lock. A pool with live blocks (e.g. a cuBLAS workspace that
+  // was allocated during a capture and is kept for the process) keeps only
+  // those. Returns the bytes given back.
+  std::int64_t release_unused_pools_locked(std::vector<std::shared_ptr<Arena>>* dead) {
+    if (!windows.empty()) return 0;
+    std::int64_t freed = 0;
+    for (auto& [id, p] : pools) {
+      if (p.use_count > 0) continue;
+      const std::int64_t before = p.arena->stats().reserved_bytes[0].current;
+      p.arena->empty_cache();
+      freed += before - p.arena->stats().reserved_bytes[0].current;
+    }
+    for (auto& a : take_idle_pools_locked()) {
+      freed += a->stats().reserved_bytes[0].current;  // given back when destroyed
+      dead->push_back(std::move(a));
+    }
+    return freed;
+  }
+
   std::vector<std::shared_ptr<Arena>> take_idle_pools_locked() {
     std::vector<MempoolId_t> ids;
     for (auto& [id, p] : pools) {
@@ -203,7 +226,16 @@ class DeviceState {
     DeviceStats s = arena->stats();
     for (auto& [id, p] : pools) add_stats(s, p.arena->stats());
     add_stats(s, retired);
+    const DeviceStats totals = group->totals();
+    for_each_stat(s, totals, [](Stat& a, const Stat& t) { a.peak = std::max(t.peak, a.current); });
     return s;
+  }
+
+  // Applies a reserved-bytes limit (0: none) to every arena of the device.
+  void set_limit_locked(std::size_t bytes) {
+    pool_config.max_reserved_bytes = bytes;
+    arena->set_max_reserved_bytes(bytes);
+    for (auto& [id, p] : pools) p.arena->set_max_reserved_bytes(bytes);
   }
 
  private:
@@ -268,7 +300,7 @@ struct Registry {
   ArenaConfig config;
   std::array<std::atomic<DeviceState*>, kMaxDevices> devices{};
   std::vector<std::unique_ptr<DeviceState>> owned;
-  std::map<int, double> fractions;  // setMemoryFraction before the first allocation
+  std::map<int, double> fractions;  // set_per_process_memory_fraction, by device
   std::shared_ptr<RenaissanceCudaAllocator> allocator;  // set by install()
   PointerTable pointers;
   std::mutex observers_mu;
@@ -285,6 +317,14 @@ DeviceState* find_state(int device) {
   return registry().devices[device].load(std::memory_order_acquire);
 }
 
+// The reserved-bytes limit of a device: the install limit (0: none) and
+// fraction * total memory, whichever is smaller.
+std::size_t effective_limit(std::size_t install_limit, double fraction, std::size_t total) {
+  const auto limit = std::max<std::size_t>(
+      static_cast<std::size_t>(fraction * static_cast<double>(total)), 1);
+  return install_limit == 0 ? limit : std::min(install_limit, limit);
+}
+
 // The state of `device`, created on first use. Raises DeviceError.
 DeviceState& state(int device) {
   if (DeviceState* s = find_state(device)) return *s;
@@ -298,10 +338,7 @@ DeviceState& state(int device) {
   auto f = r.fractions.find(device);
   if (f != r.fractions.end()) {
     const std::size_t total = CudaDevice(device).mem_info().total_bytes;
-    const auto limit = static_cast<std::size_t>(f->second * static_cast<double>(total));
-    if (config.max_reserved_bytes == 0 || limit < config.max_reserved_bytes) {
-      config.max_reserved_bytes = std::max<std::size_t>(limit, 1);
-    }
+    config.max_reserved_bytes = effective_limit(config.max_reserved_bytes, f->second, total);
   }
   r.owned.push_back(std::make_unique<DeviceState>(device, config));
   DeviceState* s = r.owned.back().get();
@@ -385,14 +422,13 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
       if (attempt == 0) {
         // Pools of finished graphs may still hold memory: give it back, retry.
         std::vector<std::shared_ptr<Arena>> dead;
+        std::int64_t freed = 0;
         {
           std::lock_guard<std::mutex> g(s.mu);
-          dead = s.take_idle_pools_locked();
+          freed = s.release_unused_pools_locked(&dead);
         }
-        if (!dead.empty()) {
-          dead.clear();
-          continue;
-        }
+        dead.clear();  // destroyed outside the lock: their memory goes back
+        if (freed > 0) continue;
       }
       raise_oom(s, size, e);
     } catch (const DeviceError& e) {
@@ -445,21 +481,27 @@ void record_stream_on(void* ptr, cudaStream_t stream) {
   o.arena->record_stream(ptr, stream_id(stream));
 }
 
+// torch.cuda.empty_cache() (the default id) empties the default arena and
+// every pool nothing uses any more; a pool's id (~MemPool) empties that pool
+// only when nothing uses it. The free blocks of a pool that a live CUDA graph
+// holds are the graph's memory (its replays reuse what the capture freed):
+// they are never given back, as in PyTorch's release_cached_blocks.
 void empty_cache_all(const MempoolId_t& id) {
   for_each_state([&](DeviceState& s) {
     std::vector<std::shared_ptr<Arena>> dead;
-    std::vector<std::shared_ptr<Arena>> to_empty;
-    {
+    if (id == kDefaultPool) {
+      s.arena->empty_cache();
       std::lock_guard<std::mutex> g(s.mu);
-      if (id == kDefaultPool) {
-        to_empty.push_back(s.arena);
-        dead = s.take_idle_pools_locked();
-      } else if (auto it = s.pools.find(id); it != s.pools.end()) {
-        to_empty.push_back(it->second.arena);
+      s.release_unused_pools_locked(&dead);
+    } else {
+      std::lock_guard<std::mutex> g(s.mu);
+      auto it = s.pools.find(id);
+      if (it != s.pools.end() && it->second.use_count <= 0 && s.windows.empty()) {
+        it->second.arena->empty_cache();
+        if (auto a = s.take_idle_pool_locked(id)) dead.push_back(std::move(a));
       }
     }
-    for (auto& a : to_empty) a->empty_cache();
-    if (id != kDefaultPool) release_pool_if_idle(s.index, id);
+    dead.clear();  // outside the lock
   });
 }
 
@@ -510,15 +552,27 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     return it == r.fractions.end() ? 1.0 : it->second;
   }
   void setMemoryFraction(double fraction, DeviceIndex device) override {
+    // As in PyTorch, the limit applies from now on: memory reserved beyond
+    // it stays until freed and emptied, and growth past it is refused.
     TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "invalid fraction: ", fraction,
                 ". Please set within [0, 1].");
-    TORCH_CHECK(find_state(device) == nullptr,
-                "torch_renaissance: set_per_process_memory_fraction must be called before the "
-                "first CUDA allocation on cuda:", static_cast<int>(device),
-                "; or install with a limit: torch_renaissance.install('cuda', max_reserved_mb=...)");
     Registry& r = registry();
-    std::lock_guard<std::mutex> g(r.mu);
-    r.fractions[device] = fraction;
+    std::size_t install_limit = 0;
+    {
+      std::lock_guard<std::mutex> g(r.mu);
+      r.fractions[device] = fraction;
+      install_limit = r.config.max_reserved_bytes;
+    }
+    if (DeviceState* s = find_state(device)) {
+      std::size_t total = 0;
+      try {
+        total = s->device->mem_info().total_bytes;
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, e.what());
+      }
+      std::lock_guard<std::mutex> g(s->mu);
+      s->set_limit_locked(effective_limit(install_limit, fraction, total));
+    }
   }
 
   std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(DeviceIndex device) override {
@@ -614,6 +668,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
       s->arena->reset_peak_stats();
       for (auto& [id, p] : s->pools) p.arena->reset_peak_stats();
       s->retired.reset_peak();
+      s->group->reset_peak();
     }
   }
 
@@ -726,6 +781,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
                       "its segments and blocks, without stack traces or a trace of events");
     }
   }
+  bool isHistoryEnabled() override { return false; }  // recordHistory records nothing
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
     Registry& r = registry();
     std::lock_guard<std::mutex> g(r.observers_mu);
@@ -738,14 +794,26 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override {}
 
   // Copies ------------------------------------------------------------------------
+  // `dev` may read and write memory of `dev_to_access`: enables peer access
+  // and, as PyTorch's addPeerAccess does for expandable segments, grants
+  // `dev` access to what our address ranges on `dev_to_access` map, now and
+  // later (memory mapped with cuMemMap is not covered by
+  // cudaDeviceEnablePeerAccess).
   void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override {
-    c10::cuda::CUDAGuard guard(dev);
-    const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-      return;
+    {
+      c10::cuda::CUDAGuard guard(dev);
+      const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        C10_CUDA_CHECK(err);
+      }
     }
-    C10_CUDA_CHECK(err);
+    try {
+      checked_state(dev_to_access).device->add_peer_access(dev);
+    } catch (const DeviceError& e) {
+      TORCH_CHECK(false, e.what());
+    }
   }
   cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
                           cudaStream_t stream, bool p2p_enabled) override {
@@ -874,10 +942,25 @@ int private_pool_count(int device) {
 #define TR_EXPORT extern "C" __attribute__((visibility("default")))
 
 // void* alloc(ssize_t size, int device, cudaStream_t stream). Raises
-// torch.OutOfMemoryError (a C++ exception through PyTorch's caller).
+// torch.OutOfMemoryError (a C++ exception through PyTorch's caller): for
+// torch.cuda.memory.change_current_allocator, whose callers do not check for
+// nullptr.
 TR_EXPORT void* torch_renaissance_cuda_malloc(ssize_t size, int device, cudaStream_t stream) {
   TORCH_CHECK(size >= 0, "torch_renaissance: negative allocation size ", size);
   return renaissance::cuda::malloc_on(static_cast<std::size_t>(size), device, stream);
+}
+
+// The same, returning nullptr when out of memory: for a torch.cuda.MemPool
+// over PyTorch's allocator, which treats nullptr as "out of memory", frees
+// its own cached blocks and retries before it raises.
+TR_EXPORT void* torch_renaissance_cuda_malloc_or_null(ssize_t size, int device,
+                                                      cudaStream_t stream) {
+  TORCH_CHECK(size >= 0, "torch_renaissance: negative allocation size ", size);
+  try {
+    return renaissance::cuda::malloc_on(static_cast<std::size_t>(size), device, stream);
+  } catch (const c10::OutOfMemoryError&) {
+    return nullptr;
+  }
 }
 
 // void free(void* ptr, ssize_t size, int device, cudaStream_t stream).

@@ -75,7 +75,15 @@ def case_record_stream() -> dict:
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     n = 16 * MiB
+    # Map the memory of both streams before the side stream sleeps: growing
+    # a segment (cuMemMap / cuMemSetAccess) may wait for the device, which
+    # would end the sleep before the check. y and z reuse these blocks.
+    with torch.cuda.stream(side):
+        warm_side = torch.empty(n, dtype=torch.uint8, device="cuda")
+    warm_main = torch.empty(n, dtype=torch.uint8, device="cuda")
     x = torch.ones(n, dtype=torch.uint8, device="cuda")
+    del warm_side, warm_main
+    torch.cuda.synchronize()
     side.wait_stream(main)
     with torch.cuda.stream(side):
         torch.cuda._sleep(int(2e9))  # ~1 s of GPU time: the side stream is busy
@@ -235,6 +243,28 @@ def case_mem_pool(installed: str) -> dict:
     return out
 
 
+def case_pool_peaks() -> dict:
+    """Device-wide peaks with a private pool: the peak of the sum, as PyTorch keeps it."""
+    tr = _install()
+    import torch
+
+    a = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    del a  # the default arena's peak: 64 MiB
+    pool = tr.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        b = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")  # the pool's peak: 64 MiB
+    out = {"max_allocated": torch.cuda.max_memory_allocated(),
+           "max_allocated_accel": torch.accelerator.max_memory_allocated(),
+           "allocated": torch.cuda.memory_allocated()}
+    del b
+    torch.cuda.reset_peak_memory_stats()
+    out["max_after_reset"] = torch.cuda.max_memory_allocated()
+    del pool
+    gc.collect()
+    out["allocated_end"] = torch.cuda.memory_allocated()
+    return out
+
+
 def case_pluggable() -> dict:
     import torch
 
@@ -302,7 +332,9 @@ def case_graph() -> dict:
     def capture():
         g = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(g):
+        # Captured on the warm-up stream: cuBLAS's workspace for it exists
+        # already, so none is allocated inside (and pins) the first pool.
+        with torch.cuda.graph(g, stream=side):
             loss = loss_fn(model(static_x), static_y)
             loss.backward()
             opt.step()
@@ -323,14 +355,17 @@ def case_graph() -> dict:
                      for p, q in zip(model.parameters(), twin.parameters()))
     torch.cuda.synchronize()
     reserved = []
+    pools = []
+    count = __import__("torch_renaissance").cuda._ext().cuda_private_pool_count
     for _ in range(10):
         del g, static_loss
         g, static_loss = capture()
         g.replay()
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved())
+        pools.append(count(0))
     return {"max_loss_diff": max_diff, "param_diff": param_diff, "reserved": reserved,
-            "pools": __import__("torch_renaissance").cuda._ext().cuda_private_pool_count(0)}
+            "pools": pools}
 
 
 # --- the bundled GPT, planned, vs PyTorch's allocator ---------------------------------------
