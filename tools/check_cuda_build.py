@@ -20,6 +20,13 @@ Run by ``make check-cuda`` (CI). Two steps:
    The glue is compiled to an object file whose exported C symbols (the
    CUDAPluggableAllocator entry points) are checked; the bindings are
    checked with ``-fsyntax-only``.
+3. The glue built against the installed torch is linked with the core, the
+   fake CUDA runtime and a fake of the few libc10_cuda functions it calls
+   (``tests/cuda_fake/fake_c10_cuda.cpp``), against the installed torch's
+   ``libc10``, and ``tests/cuda_fake/test_cuda_allocator.cpp`` drives it
+   through PyTorch's ``CUDAAllocator`` interface: stats, out of memory,
+   record_stream, graph and MemPool pools, peaks, memory fraction,
+   snapshots, a second device and peer access.
 
 The CUDA toolkit is looked up in ``CUDA_HOME`` or ``/usr/local/cuda``. When it
 is absent the check fails, unless ``TORCH_RENAISSANCE_ALLOW_NO_CUDA=1``, in
@@ -49,6 +56,8 @@ STRICT = {"csrc/core/cuda_device.cpp", "csrc/torch/cuda_allocator.cpp",
           "csrc/python/cuda_bindings.cpp", "tests/cuda_fake/fake_cuda.cpp",
           "tests/cuda_fake/test_cuda_device.cpp"}
 FAKE = ["tests/cuda_fake/fake_cuda.cpp", "tests/cuda_fake/test_cuda_device.cpp"]
+# Compiled against the installed torch's headers (step 3).
+FAKE_TORCH = ["tests/cuda_fake/fake_c10_cuda.cpp", "tests/cuda_fake/test_cuda_allocator.cpp"]
 EXPORTED = ["torch_renaissance_cuda_malloc", "torch_renaissance_cuda_malloc_or_null",
             "torch_renaissance_cuda_free",
             "torch_renaissance_cuda_record_stream", "torch_renaissance_cuda_empty_cache"]
@@ -228,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = os.path.abspath(extra)
         trees.append((extra, [extra, os.path.join(extra, "torch", "csrc", "api", "include")]))
     glue_objs = []
+    glue_test_objs: list[str] = []
     for label, incs in trees:
         stub = stub_dir(incs)
         inc_flags = [f"-I{CSRC}", *(f"-isystem{i}" for i in incs),
@@ -241,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((obj, flags + ["-c", "csrc/torch/cuda_allocator.cpp", "-o", obj],
                      f"compile csrc/torch/cuda_allocator.cpp against {label}"))
         if label == "installed torch":
+            glue_test_objs = [obj]
+            for src in FAKE_TORCH:
+                tobj = os.path.join(BUILD, os.path.basename(src).replace(".cpp", ".o"))
+                glue_test_objs.append(tobj)
+                jobs.append((tobj, flags + [f"-I{os.path.join(ROOT, 'tests', 'cuda_fake')}",
+                                            "-c", src, "-o", tobj], f"compile {src}"))
             for src in ("csrc/python/cuda_bindings.cpp", "csrc/python/bindings.cpp"):
                 strict = flags if src in STRICT else [f for f in flags if f != "-Werror"]
                 jobs.append((None, strict + ["-fsyntax-only", src],
@@ -269,6 +285,20 @@ def main(argv: list[str] | None = None) -> int:
         if ok:
             results.append(run([fake_exe], "run CudaDevice's tests on the fake CUDA runtime",
                                timeout=300))
+    glue_test_ok = all(ok for (obj, _, _), (ok, _) in zip(jobs, outs) if obj in glue_test_objs)
+    if core_ok and glue_test_ok and glue_test_objs:
+        import torch
+
+        torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        exe = os.path.join(BUILD, "test_cuda_allocator")
+        fake_runtime = jobs[len(core) + 1][0]  # tests/cuda_fake/fake_cuda.o
+        ok, text = run([CXX, *core_objs, fake_runtime, *glue_test_objs, "-o", exe,
+                        f"-L{torch_lib}", "-lc10", f"-Wl,-rpath,{torch_lib}", "-lpthread"],
+                       "link the torch glue against the fake CUDA runtime and fake libc10_cuda")
+        results.append((ok, text))
+        if ok:
+            results.append(run([exe], "run the torch glue's tests through PyTorch's CUDAAllocator "
+                               "interface (fake CUDA)", timeout=300))
     for obj, label in glue_objs:
         if not os.path.exists(obj):
             continue

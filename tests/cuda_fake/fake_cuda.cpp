@@ -61,6 +61,8 @@ struct State {
   std::map<std::string, std::pair<int, int>> faults;  // function -> (skip, code)
   std::set<std::string> hidden;
   std::vector<std::pair<cudaStream_t, cudaEvent_t>> waits;
+  bool capturing = false;
+  std::set<std::pair<int, int>> peers;  // (device, peer) with peer access enabled
 };
 
 State& state() {
@@ -83,6 +85,11 @@ bool injected(State& s, const char* function, int* code) {
   *code = it->second.second;
   s.faults.erase(it);
   return true;
+}
+
+// Caller holds the lock: counts a call that a capture forbids.
+void capture_check(State& s) {
+  if (s.capturing) ++s.counters.calls_during_capture;
 }
 
 cudaError_t fail(cudaError_t err) {
@@ -201,6 +208,7 @@ CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle) {
   std::lock_guard<std::mutex> g(s.mu);
   int code = 0;
   if (injected(s, "cuMemRelease", &code)) return static_cast<CUresult>(code);
+  capture_check(s);
   auto it = s.handles.find(handle);
   if (it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
   s.used[it->second.device] -= it->second.bytes;
@@ -272,6 +280,7 @@ CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
   std::lock_guard<std::mutex> g(s.mu);
   int code = 0;
   if (injected(s, "cuMemUnmap", &code)) return static_cast<CUresult>(code);
+  capture_check(s);
   const auto gs = granules(s, ptr, size);
   if (gs.empty()) return CUDA_ERROR_INVALID_VALUE;
   for (auto a : gs) {
@@ -323,6 +332,8 @@ void reset(const Config& config) {
   s.faults.clear();
   s.hidden.clear();
   s.waits.clear();
+  s.capturing = false;
+  s.peers.clear();
   t_device = 0;
   t_last_error = cudaSuccess;
   t_mode = cudaStreamCaptureModeGlobal;
@@ -344,6 +355,12 @@ void hide_symbol(const std::string& symbol) {
   State& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   s.hidden.insert(symbol);
+}
+
+void set_capturing(bool on) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  s.capturing = on;
 }
 
 void set_busy(cudaStream_t stream, bool busy) {
@@ -408,6 +425,7 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorStreamCaptureUnsupported:
       return "operation not permitted when stream is capturing";
+    case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
     default: return "unrecognized error code";
   }
 }
@@ -423,6 +441,7 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
     default: return "cudaErrorUnknown";
   }
 }
@@ -492,6 +511,7 @@ cudaError_t cudaFree(void* ptr) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaFree");
+  fake_cuda::capture_check(s);
   if (!ptr) return cudaSuccess;
   auto it = s.mallocs.find(ptr);
   if (it == s.mallocs.end()) return fake_cuda::fail(cudaErrorInvalidValue);
@@ -516,6 +536,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaDeviceSynchronize");
+  fake_cuda::capture_check(s);
   for (auto& [stream, st] : s.streams) st.done = st.issued;
   ++s.counters.device_synchronizes;
   return cudaSuccess;
@@ -546,6 +567,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaEventRecord");
+  fake_cuda::capture_check(s);
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
   fake_cuda::Stream& st = s.streams[stream];
@@ -558,6 +580,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaEventQuery");
+  fake_cuda::capture_check(s);
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
   return fake_cuda::event_complete(s, it->second) ? cudaSuccess : cudaErrorNotReady;
@@ -567,6 +590,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaEventSynchronize");
+  fake_cuda::capture_check(s);
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
   if (it->second.recorded) {
@@ -581,9 +605,48 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaStreamWaitEvent");
+  fake_cuda::capture_check(s);
   if (!s.events.count(event) || flags != 0) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
   s.waits.emplace_back(stream, event);
   return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  auto& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  *status = s.capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  auto& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  FAKE_INJECT(s, "cudaDeviceEnablePeerAccess");
+  if (peer < 0 || peer >= s.config.devices || peer == t_device || flags != 0) {
+    return fake_cuda::fail(cudaErrorInvalidDevice);
+  }
+  if (!s.peers.insert({t_device, peer}).second) return fake_cuda::fail(cudaErrorPeerAccessAlreadyEnabled);
+  ++s.counters.peer_enables;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+  std::memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind, cudaStream_t) {
+  std::memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, size_t count, cudaStream_t) {
+  std::memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float*, cudaEvent_t, cudaEvent_t) {
+  return fake_cuda::fail(cudaErrorInvalidResourceHandle);  // events are timing-free
 }
 
 #if CUDART_VERSION >= 12050

@@ -23,7 +23,9 @@
 //     reservation that still has mappings is refused;
 //   * fault injection: the n-th next call of a named function returns a
 //     given code; a driver symbol can be hidden from the entry-point query.
-// Not modelled: kernels, copies, graphs, peer access, IPC.
+//   * a capture flag: calls that a CUDA-graph capture forbids are counted;
+//   * copies (cudaMemcpy*: host memcpy), cudaDeviceEnablePeerAccess.
+// Not modelled: kernels, the graphs themselves, IPC.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,6 +58,11 @@ struct Counters {
   std::int64_t device_synchronizes = 0;
   std::int64_t event_synchronizes = 0;
   std::int64_t unsafe_unmaps = 0;      // cuMemUnmap while a stream had incomplete work
+  // Event record/query/synchronize/wait, device synchronize, cudaFree,
+  // cuMemUnmap or cuMemRelease while set_capturing(true): illegal in a
+  // CUDA-graph capture (or they would enter the graph).
+  std::int64_t calls_during_capture = 0;
+  std::int64_t peer_enables = 0;       // cudaDeviceEnablePeerAccess that succeeded
 };
 
 // Resets everything (frees what is still live) and applies `config`.
@@ -67,6 +74,9 @@ Counters counters();
 void fail_next(const std::string& function, int code, int skip = 0);
 // The entry-point query answers "symbol not found" for `symbol`.
 void hide_symbol(const std::string& symbol);
+// A CUDA graph is being captured (cudaStreamIsCapturing answers "active"
+// for every stream) until set_capturing(false).
+void set_capturing(bool on);
 // Work enqueued on `stream` from now on stays incomplete until complete().
 void set_busy(cudaStream_t stream, bool busy);
 void complete(cudaStream_t stream);

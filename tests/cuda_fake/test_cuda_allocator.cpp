@@ -1,0 +1,416 @@
+// test_cuda_allocator.cpp - the torch glue (csrc/torch/cuda_allocator.cpp)
+// driven through PyTorch's CUDAAllocator interface, as PyTorch calls it, on
+// the fake CUDA runtime and the fake libc10_cuda: no GPU and no CUDA build of
+// PyTorch needed. Built, linked (against the installed torch's libc10) and
+// run by tools/check_cuda_build.py (make check-cuda, CI).
+//
+// The glue's registry lives for the process, so the cases run in order in
+// one process, each leaving nothing allocated behind; expected values are
+// computed here from the sizes each case allocates.
+#include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <cuda.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fake_cuda.h"
+#include "torch/cuda_allocator.h"
+
+extern "C" void* torch_renaissance_cuda_malloc(ssize_t size, int device, cudaStream_t stream);
+extern "C" void* torch_renaissance_cuda_malloc_or_null(ssize_t size, int device, cudaStream_t stream);
+extern "C" void torch_renaissance_cuda_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
+
+namespace {
+
+namespace CCA = c10::cuda::CUDACachingAllocator;
+using c10::MempoolId_t;
+
+constexpr std::int64_t MiB = std::int64_t(1) << 20;
+constexpr MempoolId_t kDefault{0, 0};
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + \
+                               ": CHECK(" #cond ") failed");                          \
+  } while (0)
+
+#define CHECK_EQ(a, b)                                                                     \
+  do {                                                                                     \
+    const auto va_ = (a);                                                                  \
+    const auto vb_ = (b);                                                                  \
+    if (!(va_ == vb_)) {                                                                   \
+      throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " #a " == " \
+                    #b " failed: " + std::to_string(va_) + " vs " + std::to_string(vb_));  \
+    }                                                                                      \
+  } while (0)
+
+template <typename E>
+void expect_throw(const std::function<void()>& fn, std::vector<std::string> parts, int line) {
+  try {
+    fn();
+  } catch (const E& e) {
+    const std::string what = e.what();
+    for (const auto& p : parts) {
+      if (what.find(p) == std::string::npos) {
+        throw Failure("line " + std::to_string(line) + ": message lacks '" + p + "': " + what);
+      }
+    }
+    return;
+  }
+  throw Failure("line " + std::to_string(line) + ": expected an exception");
+}
+#define EXPECT_THROW(E, stmt, ...) expect_throw<E>([&] { stmt; }, {__VA_ARGS__}, __LINE__)
+
+CCA::CUDAAllocator* alloc() { return CCA::allocator.load(); }
+
+c10::CachingDeviceAllocator::DeviceStats stats(int device = 0) {
+  return alloc()->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+}
+std::int64_t allocated(int device = 0) { return stats(device).allocated_bytes[0].current; }
+std::int64_t reserved(int device = 0) { return stats(device).reserved_bytes[0].current; }
+
+c10::cuda::CUDAStream stream_of(std::uintptr_t id, int device = 0) {
+  return c10::cuda::CUDAStream(
+      c10::cuda::CUDAStream::UNCHECKED,
+      c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)),
+                  static_cast<c10::StreamId>(id)));
+}
+constexpr std::uintptr_t kSide = 0x5100;
+cudaStream_t side() { return reinterpret_cast<cudaStream_t>(kSide); }
+
+void check_clean() {
+  CHECK_EQ(allocated(0), std::int64_t(0));
+  CHECK_EQ(static_cast<int>(cudaGetLastError()), 0);
+}
+
+// A window that routes every stream to `id` (PyTorch's capture filter for
+// the capturing stream, or use_mem_pool's for the current one).
+void begin(MempoolId_t id) {
+  alloc()->beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+}
+
+// --- cases --------------------------------------------------------------------------
+
+void test_install() {
+  CHECK(alloc() == nullptr);
+  renaissance::cuda::install(renaissance::ArenaConfig{});
+  CHECK(alloc() != nullptr);
+  CHECK(alloc()->name() == "torch_renaissance");
+  CHECK(renaissance::cuda::installed());
+  // torch.accelerator reads c10::GetAllocator(kCUDA): ours too.
+  CHECK(c10::GetAllocator(c10::DeviceType::CUDA) == static_cast<c10::Allocator*>(alloc()));
+  CHECK(!alloc()->initialized());
+  alloc()->init(2);  // what CUDAHooks::init does
+  CHECK(alloc()->initialized());
+  auto* before = alloc();
+  renaissance::cuda::install(renaissance::ArenaConfig{});  // a no-op now
+  CHECK(alloc() == before);
+  CHECK(renaissance::cuda::vmm_status(0) == "on (granularity 2.00 MiB)");
+}
+
+// The GPU test's numbers: 3 x 64 MiB, one freed -> 128 MiB now, 192 MiB peak.
+void test_stats() {
+  std::vector<c10::DataPtr> ptrs;
+  for (int i = 0; i < 3; ++i) ptrs.push_back(alloc()->allocate(64 * MiB));
+  CHECK(ptrs[0].device() == c10::Device(c10::DeviceType::CUDA, 0));
+  ptrs.pop_back();
+  auto s = stats();
+  CHECK_EQ(s.allocated_bytes[0].current, 128 * MiB);
+  CHECK_EQ(s.allocated_bytes[0].peak, 192 * MiB);
+  CHECK_EQ(s.allocation[0].current, std::int64_t(2));
+  CHECK_EQ(s.reserved_bytes[0].current, fake_cuda::counters().used_bytes);
+  // torch.accelerator's path: c10::GetAllocator(kCUDA) as a DeviceAllocator.
+  auto* dev_alloc = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+  CHECK(dev_alloc != nullptr);
+  CHECK_EQ(dev_alloc->getDeviceStats(0).allocated_bytes[0].current, 128 * MiB);
+  alloc()->resetPeakStats(0);
+  CHECK_EQ(stats().allocated_bytes[0].peak, 128 * MiB);
+  alloc()->resetAccumulatedStats(0);
+  CHECK_EQ(stats().allocated_bytes[0].allocated, std::int64_t(0));
+  ptrs.clear();
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(reserved(), std::int64_t(0));
+  CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+  check_clean();
+}
+
+void test_out_of_memory() {
+  const auto ooms = stats().num_ooms;
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(1024 * MiB), "CUDA out of memory",
+               "Tried to allocate 1024.00 MiB", "GPU 0 has a total capacity of 512.00 MiB");
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(std::size_t(1) << 62), "Tried to allocate");
+  CHECK_EQ(stats().num_ooms, ooms + 2);
+  void* p = alloc()->raw_alloc(MiB);  // the next normal allocation works
+  CHECK(p != nullptr);
+  alloc()->raw_delete(p);
+  // raw_delete of what we did not hand out: an error, nothing changes.
+  int local = 0;
+  EXPECT_THROW(c10::Error, alloc()->raw_delete(&local), "did not hand it out");
+  EXPECT_THROW(c10::Error, alloc()->raw_delete(p), "already freed");
+  // The plain path's two mallocs.
+  EXPECT_THROW(c10::OutOfMemoryError, torch_renaissance_cuda_malloc(ssize_t(1) << 40, 0, nullptr),
+               "CUDA out of memory");
+  CHECK(torch_renaissance_cuda_malloc_or_null(ssize_t(1) << 40, 0, nullptr) == nullptr);
+  EXPECT_THROW(c10::Error, torch_renaissance_cuda_malloc_or_null(-1, 0, nullptr), "negative");
+  void* q = torch_renaissance_cuda_malloc_or_null(3 * MiB, 0, nullptr);
+  CHECK(q != nullptr);
+  torch_renaissance_cuda_free(q, 3 * MiB, 0, nullptr);
+  check_clean();
+}
+
+void test_record_stream() {
+  fake_cuda::set_busy(side(), true);
+  c10::DataPtr x = alloc()->allocate(16 * MiB);
+  void* addr = x.get();
+  alloc()->recordStream(x, stream_of(kSide));
+  x.clear();  // freed while the side stream may still read it
+  c10::DataPtr z = alloc()->allocate(16 * MiB);
+  CHECK(z.get() != addr);
+  // A DataPtr that is not ours is ignored.
+  int local = 0;
+  c10::DataPtr foreign(&local, c10::Device(c10::DeviceType::CUDA, 0));
+  alloc()->recordStream(foreign, stream_of(kSide));
+  fake_cuda::complete(side());
+  z.clear();
+  renaissance::cuda::arena(0)->sync_point();  // the side stream's event completed
+  c10::DataPtr w = alloc()->allocate(16 * MiB);
+  CHECK(w.get() == addr || w.get() != nullptr);
+  w.clear();
+  fake_cuda::set_busy(side(), false);
+  CHECK_EQ(stats().allocated_bytes[0].current, std::int64_t(0));
+  alloc()->emptyCache(kDefault);
+  check_clean();
+}
+
+// A CUDA graph's pool: nothing illegal during the capture; its free blocks
+// are the graph's memory while the graph lives, even through ~MemPool.
+void test_graph_pool_lifecycle() {
+  const MempoolId_t g{1, 0};
+  // A default-arena block freed with a pending side-stream use before the capture.
+  fake_cuda::set_busy(side(), true);
+  c10::DataPtr pending = alloc()->allocate(4 * MiB);
+  alloc()->recordStream(pending, stream_of(kSide));
+  pending.clear();
+
+  fake_cuda::set_capturing(true);
+  begin(g);
+  CHECK_EQ(alloc()->getPoolUseCount(0, g), 1);
+  void* out = alloc()->raw_alloc(4 * MiB);     // the graph's output: lives on
+  void* tmp = alloc()->raw_alloc(32 * MiB);    // an intermediate, freed in the capture
+  alloc()->raw_delete(tmp);
+  void* tmp2 = alloc()->raw_alloc(32 * MiB);   // reuses it, as replays will
+  CHECK(tmp2 == tmp);
+  alloc()->raw_delete(tmp2);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 1);
+  alloc()->emptyCache(kDefault);  // during the capture: gives nothing back, calls nothing illegal
+  alloc()->endAllocateToPool(0, g);
+  fake_cuda::set_capturing(false);
+  CHECK_EQ(fake_cuda::counters().calls_during_capture, std::int64_t(0));
+
+  const auto pool_reserved = [&] {
+    for (auto& seg : alloc()->snapshot(g, false).segments) {
+      if (seg.owner_private_pool_id == g) return true;
+    }
+    return false;
+  };
+  const auto used = fake_cuda::counters().used_bytes;
+  alloc()->emptyCache(kDefault);  // the graph lives: its pool keeps everything
+  CHECK(pool_reserved());
+  CHECK(fake_cuda::accessible(tmp, 32 * MiB));
+  // A MemPool that shares the graph's pool, then is destroyed
+  // (createOrIncrefPool ... releasePool + emptyCache(id)).
+  alloc()->createOrIncrefPool(0, g, nullptr);
+  CHECK_EQ(alloc()->getPoolUseCount(0, g), 2);
+  alloc()->releasePool(0, g);
+  alloc()->emptyCache(g);
+  CHECK(fake_cuda::accessible(tmp, 32 * MiB));  // still the graph's memory
+  CHECK_EQ(alloc()->getPoolUseCount(0, g), 1);
+  // The graph is reset: its pool goes once its output is freed.
+  alloc()->releasePool(0, g);
+  CHECK_EQ(alloc()->getPoolUseCount(0, g), 0);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 1);  // `out` is still live
+  alloc()->raw_delete(out);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 0);
+  CHECK(fake_cuda::counters().used_bytes < used);
+  fake_cuda::complete(side());
+  fake_cuda::set_busy(side(), false);
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+  check_clean();
+}
+
+// A pool nothing uses any more but with a block still live (a library's
+// workspace allocated during a capture) gives back its cached memory.
+void test_unused_pool_with_live_block() {
+  const MempoolId_t g{2, 0};
+  begin(g);
+  void* workspace = alloc()->raw_alloc(2 * MiB);
+  void* big = alloc()->raw_alloc(200 * MiB);
+  alloc()->raw_delete(big);
+  alloc()->endAllocateToPool(0, g);
+  alloc()->releasePool(0, g);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 1);
+  CHECK(fake_cuda::counters().used_bytes >= 200 * MiB);
+  // Out of memory in the default arena: the unused pool's cache is given back first.
+  void* p = alloc()->raw_alloc(400 * MiB);
+  CHECK(p != nullptr);
+  CHECK(fake_cuda::accessible(workspace, 2 * MiB));  // the live block stays
+  alloc()->raw_delete(p);
+  alloc()->emptyCache(kDefault);
+  CHECK(fake_cuda::counters().used_bytes <= 20 * MiB);  // the workspace's granules only
+  alloc()->raw_delete(workspace);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 0);
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+  check_clean();
+}
+
+// Device-wide peaks: 64 MiB in the default arena, freed, then 64 MiB in a
+// MemPool: the device never held more than 64 MiB.
+void test_peaks_across_pools() {
+  alloc()->resetPeakStats(0);
+  void* a = alloc()->raw_alloc(64 * MiB);
+  alloc()->raw_delete(a);
+  const MempoolId_t m{0, 1};
+  alloc()->createOrIncrefPool(0, m, nullptr);
+  begin(m);
+  void* b = alloc()->raw_alloc(64 * MiB);
+  alloc()->endAllocateToPool(0, m);  // the end of use_mem_pool: end, then release
+  alloc()->releasePool(0, m);
+  auto s = stats();
+  CHECK_EQ(s.allocated_bytes[0].current, 64 * MiB);
+  CHECK_EQ(s.allocated_bytes[0].peak, 64 * MiB);
+  CHECK_EQ(s.allocation[0].peak, std::int64_t(1));
+  CHECK(s.reserved_bytes[0].peak >= s.reserved_bytes[0].current);
+  CHECK(s.reserved_bytes[0].peak <= fake_cuda::counters().used_bytes + 64 * MiB);
+  alloc()->raw_delete(b);
+  alloc()->releasePool(0, m);  // ~MemPool: release, then empty the pool
+  alloc()->emptyCache(m);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 0);
+  alloc()->resetPeakStats(0);
+  CHECK_EQ(stats().allocated_bytes[0].peak, std::int64_t(0));
+  alloc()->emptyCache(kDefault);
+  check_clean();
+}
+
+// set_per_process_memory_fraction after the first allocation.
+void test_memory_fraction() {
+  CHECK(alloc()->getMemoryFraction(0) == 1.0);
+  alloc()->setMemoryFraction(0.25, 0);  // 128 MiB of 512
+  CHECK(alloc()->getMemoryFraction(0) == 0.25);
+  void* a = alloc()->raw_alloc(100 * MiB);
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(64 * MiB), "CUDA out of memory",
+               "limit: 128.00 MiB");
+  EXPECT_THROW(c10::Error, alloc()->setMemoryFraction(1.5, 0), "invalid fraction");
+  alloc()->setMemoryFraction(1.0, 0);
+  void* b = alloc()->raw_alloc(64 * MiB);
+  alloc()->raw_delete(a);
+  alloc()->raw_delete(b);
+  alloc()->emptyCache(kDefault);
+  check_clean();
+}
+
+void test_cache_info_and_snapshot() {
+  void* keep = alloc()->raw_alloc(3 * MiB);
+  void* gone = alloc()->raw_alloc(32 * MiB);
+  void* small = alloc()->raw_alloc(512);
+  alloc()->raw_delete(gone);
+  std::size_t largest = 1;
+  alloc()->cacheInfo(0, &largest);
+  CHECK(largest >= std::size_t(32 * MiB));
+  largest = 0;  // PyTorch passes 0 first: the device's free memory counts
+  alloc()->cacheInfo(0, &largest);
+  CHECK(largest >= std::size_t(512 * MiB) - static_cast<std::size_t>(fake_cuda::counters().used_bytes));
+  auto snap = alloc()->snapshot(kDefault, false);
+  std::vector<std::size_t> live;
+  for (const auto& seg : snap.segments) {
+    std::size_t sum = 0;
+    for (const auto& b : seg.blocks) {
+      sum += b.size;
+      if (b.allocated) live.push_back(b.size);
+    }
+    CHECK_EQ(sum, seg.total_size);  // blocks tile the segment (the viewer assumes it)
+  }
+  std::sort(live.begin(), live.end());
+  CHECK(live == (std::vector<std::size_t>{512, std::size_t(3 * MiB)}));
+  CHECK_EQ(snap.device_traces.size(), std::size_t(2));
+  std::size_t base_size = 0;
+  CHECK(alloc()->getBaseAllocation(keep, &base_size) == keep);
+  CHECK_EQ(base_size, std::size_t(3 * MiB));
+  alloc()->raw_delete(keep);
+  alloc()->raw_delete(small);
+  alloc()->emptyCache(kDefault);
+  check_clean();
+}
+
+void test_second_device_and_peers() {
+  CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+  c10::DataPtr x = alloc()->allocate(8 * MiB);
+  CHECK(x.device() == c10::Device(c10::DeviceType::CUDA, 1));
+  CHECK_EQ(allocated(1), 8 * MiB);
+  CHECK_EQ(allocated(0), std::int64_t(0));
+  CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+  c10::DataPtr y = alloc()->allocate(8 * MiB);
+  CHECK(!fake_cuda::accessible(y.get(), 8 * MiB, 1));
+  alloc()->enablePeerAccess(1, 0);  // cuda:1 may access cuda:0's memory
+  CHECK(fake_cuda::accessible(y.get(), 8 * MiB, 1));
+  CHECK_EQ(fake_cuda::counters().peer_enables, std::int64_t(1));
+  alloc()->enablePeerAccess(1, 0);  // again: "already enabled" is not an error
+  CHECK_EQ(static_cast<int>(cudaGetLastError()), 0);
+  c10::DataPtr z = alloc()->allocate(40 * MiB);  // mapped later: cuda:1 has access too
+  CHECK(fake_cuda::accessible(z.get(), 40 * MiB, 1));
+  x.clear();
+  y.clear();
+  z.clear();
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(allocated(1), std::int64_t(0));
+  CHECK_EQ(reserved(1), std::int64_t(0));
+  check_clean();
+}
+
+}  // namespace
+
+int main() {
+  fake_cuda::Config config;
+  config.devices = 2;
+  config.capacity = std::size_t(512) << 20;
+  fake_cuda::reset(config);
+  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+      {"install", test_install},
+      {"stats", test_stats},
+      {"out_of_memory", test_out_of_memory},
+      {"record_stream", test_record_stream},
+      {"graph_pool_lifecycle", test_graph_pool_lifecycle},
+      {"unused_pool_with_live_block", test_unused_pool_with_live_block},
+      {"peaks_across_pools", test_peaks_across_pools},
+      {"memory_fraction", test_memory_fraction},
+      {"cache_info_and_snapshot", test_cache_info_and_snapshot},
+      {"second_device_and_peers", test_second_device_and_peers},
+  };
+  int failed = 0;
+  for (const auto& [name, fn] : tests) {
+    try {
+      fn();
+      std::printf("PASS %s\n", name);
+    } catch (const std::exception& e) {
+      ++failed;
+      std::printf("FAIL %s: %s\n", name, e.what());
+    }
+  }
+  std::printf("%zu tests, %d failed\n", tests.size(), failed);
+  return failed ? 1 : 0;
+}
