@@ -122,6 +122,21 @@ void Arena::set_max_reserved_bytes(std::size_t bytes) {
 void* Arena::allocate(std::size_t size, StreamId stream) {
   if (size == 0) return nullptr;
   Op g(*this);
+  return allocate_locked(size, stream);
+}
+
+void* Arena::try_allocate(std::size_t size, StreamId stream) {
+  if (size == 0) return nullptr;
+  Op g(*this);
+  try {
+    return allocate_locked(size, stream);
+  } catch (const OutOfMemoryError&) {
+    --stats_.num_ooms;  // not an out-of-memory error the caller sees
+    return nullptr;
+  }
+}
+
+void* Arena::allocate_locked(std::size_t size, StreamId stream) {
   if (size > kMaxRequest) raise_oom_locked(size, "the size is beyond what any device can hold");
   const std::size_t rounded = round_up(size, unit_);
   Block* b = nullptr;
@@ -438,9 +453,15 @@ Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool, bool p
   return raw;
 }
 
+std::size_t Arena::limit_reserved_locked() const {
+  std::int64_t reserved = stats_.reserved_bytes[0].current;
+  if (group_) reserved += group_->reserved_current() - published_.reserved_bytes[0].current;
+  return static_cast<std::size_t>(std::max<std::int64_t>(reserved, 0));
+}
+
 bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
   if (bytes > seg->capacity - seg->size) return false;
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  const std::size_t reserved = limit_reserved_locked();
   if (config_.max_reserved_bytes &&
       (reserved > config_.max_reserved_bytes || bytes > config_.max_reserved_bytes - reserved)) {
     return false;
@@ -497,7 +518,7 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   } else {
     bytes = round_up(rounded, config_.round_large);
   }
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  const std::size_t reserved = limit_reserved_locked();
   auto over = [&](std::size_t b) {
     return config_.max_reserved_bytes &&
            (reserved > config_.max_reserved_bytes || b > config_.max_reserved_bytes - reserved);
@@ -533,8 +554,8 @@ void Arena::trim_tail_locked(Segment* seg) {
   const std::size_t start = round_up(static_cast<std::size_t>(last->ptr - seg->base), gran);
   if (start >= seg->size) return;
   const std::size_t bytes = seg->size - start;
+  device_->unmap(seg->base + start, bytes);  // may throw: nothing has changed yet
   unindex_free_locked(last);
-  device_->unmap(seg->base + start, bytes);
   ++stats_.num_device_free;
   stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
   seg->size = start;
@@ -560,6 +581,12 @@ void Arena::release_segment_locked(Segment* seg) {
     seg->retire = true;
     return;
   }
+  // The device first: if it fails, the arena is unchanged.
+  if (seg->expandable) {
+    if (seg->size) device_->unmap(seg->base, seg->size);
+  } else {
+    device_->release(seg->base, seg->size);
+  }
   if (seg->head) {
     unindex_free_locked(seg->head);
     recycle_block(seg->head);
@@ -570,14 +597,14 @@ void Arena::release_segment_locked(Segment* seg) {
     ++stats_.num_device_free;
   }
   if (territory_ == seg) territory_ = nullptr;
-  if (seg->expandable) {
-    if (seg->size) device_->unmap(seg->base, seg->size);
-    device_->release_range(seg->base, seg->capacity);
-    expandable_.erase({seg->stream, expandable_class(seg->pool, seg->persistent)});
-  } else {
-    device_->release(seg->base, seg->size);
-  }
-  segments_.erase(seg->base);
+  char* const base = seg->base;
+  const std::size_t capacity = seg->capacity;
+  const bool expandable = seg->expandable;
+  if (expandable) expandable_.erase({seg->stream, expandable_class(seg->pool, seg->persistent)});
+  segments_.erase(base);  // destroys *seg
+  // The memory is gone and the books say so; a failure here leaks address
+  // space only.
+  if (expandable) device_->release_range(base, capacity);
 }
 
 std::size_t Arena::release_cached_locked() {

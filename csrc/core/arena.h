@@ -145,6 +145,10 @@ class Arena {
 
   // Returns nullptr for size 0. Raises OutOfMemoryError.
   void* allocate(std::size_t size, StreamId stream = 0);
+  // The same, returning nullptr (and counting no OOM) where allocate()
+  // raises OutOfMemoryError: for a caller with a fallback of its own (the
+  // CUDA glue frees unused graph pools, then calls allocate()).
+  void* try_allocate(std::size_t size, StreamId stream = 0);
   // nullptr is a no-op. Raises InvalidPointerError (arena unchanged).
   void deallocate(void* ptr);
   // Adds a stream use: the block will not be reused before `stream`'s work
@@ -153,7 +157,8 @@ class Arena {
   void record_stream(void* ptr, StreamId stream);
   // Changes the limit on reserved bytes (0: none) for the growth that
   // follows; what is reserved already stays (PyTorch's
-  // set_per_process_memory_fraction acts the same way).
+  // set_per_process_memory_fraction acts the same way). In a stats group
+  // the limit counts what all arenas of the group reserve.
   void set_max_reserved_bytes(std::size_t bytes);
   // Returns wholly free segments (and free tails of expandable segments) to
   // the device, after synchronizing pending stream uses.
@@ -211,6 +216,8 @@ class Arena {
   class Op;
   void publish_locked() noexcept;
 
+  void* allocate_locked(std::size_t size, StreamId stream);
+
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
   Block* allocate_dynamic_locked(std::size_t requested, std::size_t rounded, StreamId stream);
@@ -224,6 +231,10 @@ class Arena {
   const FreeSet& free_set(const Segment* seg) const;
   bool use_ranges() const { return config_.expandable_segments && ranges_ok_; }
   bool map_tail_locked(Segment* seg, std::size_t bytes);
+  // Reserved bytes that max_reserved_bytes limits: the whole device's (every
+  // arena of the stats group, as PyTorch's memory fraction counts) or this
+  // arena's when it has no group.
+  std::size_t limit_reserved_locked() const;
   void trim_tail_locked(Segment* seg);
   void release_segment_locked(Segment* seg);
   std::size_t release_cached_locked();

@@ -453,9 +453,16 @@ void CudaDevice::add_peer_access(int peer) {
   desc.location.id = peer;
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   DeviceGuard guard(index_);
+  RelaxedCapture relaxed(index_);
+  // One call per run of contiguous mapped granules (a call may span several
+  // mappings).
   for (auto& [base, range] : v.ranges) {
-    for (auto& [off, h] : range.granules) {
-      const CUresult r = v.set_access(static_cast<CUdeviceptr>(base + off), v.granularity, &desc, 1);
+    auto it = range.granules.begin();
+    while (it != range.granules.end()) {
+      const std::size_t start = it->first;
+      std::size_t end = start + v.granularity;
+      for (++it; it != range.granules.end() && it->first == end; ++it) end += v.granularity;
+      const CUresult r = v.set_access(static_cast<CUdeviceptr>(base + start), end - start, &desc, 1);
       if (r != CUDA_SUCCESS) v.fail(r, "cuMemSetAccess", index_);
     }
   }

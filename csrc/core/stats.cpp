@@ -40,6 +40,11 @@ DeviceStats StatsGroup::totals() const {
   return totals_;
 }
 
+std::int64_t StatsGroup::reserved_current() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return totals_.reserved_bytes[0].current;
+}
+
 void StatsGroup::reset_peak() {
   std::lock_guard<std::mutex> g(mu_);
   totals_.reset_peak();

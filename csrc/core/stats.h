@@ -115,7 +115,8 @@ void for_each_stat(A& a, B& b, C& c, F f) {
 // publishes its changes at the end of every operation, under its own lock;
 // the group has its own mutex and calls nothing else, so the lock order is
 // always arena -> group. Only `current` and `peak` of the totals are kept:
-// `allocated` and `freed` of a sum are the sums.
+// `allocated` and `freed` of a sum are the sums. An arena's changes inside
+// an operation not yet ended are not in the totals.
 class StatsGroup {
  public:
   // Adds now.current - published.current to the totals (raising their
@@ -125,6 +126,8 @@ class StatsGroup {
   void withdraw(const DeviceStats& published);
   // The totals: current and peak of every Stat (other fields are 0).
   DeviceStats totals() const;
+  // totals().reserved_bytes[0].current, without the copy.
+  std::int64_t reserved_current() const;
   void reset_peak();
 
  private:

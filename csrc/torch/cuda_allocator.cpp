@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
@@ -164,9 +165,20 @@ class DeviceState {
     return nullptr;
   }
 
+  // Every arena changes mode even if one fails (giving back memory held
+  // during a capture can raise); the first error is raised afterwards.
   void set_capturing_locked(bool on) {
-    arena->set_capturing(on);
-    for (auto& [id, p] : pools) p.arena->set_capturing(on);
+    std::exception_ptr first;
+    auto apply = [&](Arena& a) {
+      try {
+        a.set_capturing(on);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    };
+    apply(*arena);
+    for (auto& [id, p] : pools) apply(*p.arena);
+    if (first) std::rethrow_exception(first);
   }
 
   // Removes pool `id` if its use count is 0, no window is open and it holds
@@ -395,45 +407,43 @@ void for_each_state(F f) {
 void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
   if (size == 0) return nullptr;
   Registry& r = registry();
-  DeviceState* sp = nullptr;
   try {
-    sp = &state(device);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what());
-  }
-  DeviceState& s = *sp;
-  const StreamId sid = stream_id(stream);
-  for (int attempt = 0;; ++attempt) {
-    try {
+    DeviceState& s = state(device);
+    const StreamId sid = stream_id(stream);
+    // Serves the request from the newest window's pool that takes `stream`,
+    // or from the default arena. last: raise OutOfMemoryError, else nullptr.
+    auto place = [&](bool last) -> void* {
       if (s.windows_open.load(std::memory_order_acquire) > 0) {
         std::unique_lock<std::mutex> g(s.mu);
         if (const Window* w = s.route_locked(stream)) {
           const MempoolId_t id = w->id;
           Arena& pool = *s.pool_locked(id).arena;
-          void* ptr = pool.allocate(size, sid);
-          r.pointers.insert(ptr, Owner{&pool, id, device});
+          void* ptr = last ? pool.allocate(size, sid) : pool.try_allocate(size, sid);
+          if (ptr) r.pointers.insert(ptr, Owner{&pool, id, device});
           return ptr;
         }
       }
-      void* ptr = s.arena->allocate(size, sid);
-      r.pointers.insert(ptr, Owner{s.arena.get(), kDefaultPool, device});
+      void* ptr = last ? s.arena->allocate(size, sid) : s.arena->try_allocate(size, sid);
+      if (ptr) r.pointers.insert(ptr, Owner{s.arena.get(), kDefaultPool, device});
       return ptr;
-    } catch (const OutOfMemoryError& e) {
-      if (attempt == 0) {
-        // Pools of finished graphs may still hold memory: give it back, retry.
-        std::vector<std::shared_ptr<Arena>> dead;
-        std::int64_t freed = 0;
-        {
-          std::lock_guard<std::mutex> g(s.mu);
-          freed = s.release_unused_pools_locked(&dead);
-        }
-        dead.clear();  // destroyed outside the lock: their memory goes back
-        if (freed > 0) continue;
+    };
+    if (void* ptr = place(false)) return ptr;
+    // Pools no graph uses any more may still hold memory: give it back, then
+    // the last try (one OOM counted, however many tries).
+    {
+      std::vector<std::shared_ptr<Arena>> dead;
+      {
+        std::lock_guard<std::mutex> g(s.mu);
+        s.release_unused_pools_locked(&dead);
       }
+    }  // `dead` is destroyed here, outside the lock: its memory goes back
+    try {
+      return place(true);
+    } catch (const OutOfMemoryError& e) {
       raise_oom(s, size, e);
-    } catch (const DeviceError& e) {
-      TORCH_CHECK(false, e.what());
     }
+  } catch (const DeviceError& e) {
+    TORCH_CHECK(false, e.what());
   }
 }
 
@@ -556,23 +566,22 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     // it stays until freed and emptied, and growth past it is refused.
     TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "invalid fraction: ", fraction,
                 ". Please set within [0, 1].");
+    // The registry's lock is held throughout, so that concurrent calls
+    // leave the stored fraction and the applied limit in agreement.
     Registry& r = registry();
-    std::size_t install_limit = 0;
-    {
-      std::lock_guard<std::mutex> g(r.mu);
-      r.fractions[device] = fraction;
-      install_limit = r.config.max_reserved_bytes;
-    }
-    if (DeviceState* s = find_state(device)) {
+    std::lock_guard<std::mutex> g(r.mu);
+    DeviceState* s = find_state(device);
+    if (s) {
       std::size_t total = 0;
       try {
         total = s->device->mem_info().total_bytes;
       } catch (const std::exception& e) {
         TORCH_CHECK(false, e.what());
       }
-      std::lock_guard<std::mutex> g(s->mu);
-      s->set_limit_locked(effective_limit(install_limit, fraction, total));
+      std::lock_guard<std::mutex> gs(s->mu);
+      s->set_limit_locked(effective_limit(r.config.max_reserved_bytes, fraction, total));
     }
+    r.fractions[device] = fraction;
   }
 
   std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(DeviceIndex device) override {
@@ -715,7 +724,11 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     }
     s.windows_open.store(static_cast<int>(s.windows.size()), std::memory_order_release);
     if (s.windows.empty()) {
-      s.set_capturing_locked(false);
+      try {
+        s.set_capturing_locked(false);
+      } catch (const DeviceError& e) {
+        TORCH_CHECK(false, e.what());
+      }
       // Pools released during the capture (e.g. a re-captured graph's old
       // pool whose outputs were overwritten) can go now.
       dead = s.take_idle_pools_locked();

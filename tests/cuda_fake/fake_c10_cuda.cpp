@@ -102,6 +102,7 @@ bool CUDAStream::query() const {
   C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   C10_CUDA_CHECK(cudaEventRecord(e, stream()));
   const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) (void)cudaGetLastError();  // an answer, not an error
   C10_CUDA_CHECK(cudaEventDestroy(e));
   return r == cudaSuccess;
 }

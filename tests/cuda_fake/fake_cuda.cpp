@@ -20,6 +20,7 @@ namespace {
 struct Handle {
   std::size_t bytes = 0;
   int device = 0;
+  bool released = false;  // cuMemRelease'd while mapped: freed at the last unmap
 };
 struct Reservation {
   std::size_t bytes = 0;
@@ -92,9 +93,26 @@ void capture_check(State& s) {
   if (s.capturing) ++s.counters.calls_during_capture;
 }
 
+// A failing runtime call leaves its error for cudaGetLastError. So does
+// "not ready" here: the CUDA runtime is not documented to keep it, but HIP
+// does and PyTorch clears it after every query; so must we.
 cudaError_t fail(cudaError_t err) {
-  if (err != cudaSuccess && err != cudaErrorNotReady) t_last_error = err;
+  if (err != cudaSuccess) t_last_error = err;
   return err;
+}
+
+// Caller holds the lock: frees a handle's memory (its last mapping is gone).
+void free_handle(State& s, std::map<CUmemGenericAllocationHandle, Handle>::iterator it) {
+  s.used[it->second.device] -= it->second.bytes;
+  s.counters.used_bytes -= static_cast<std::int64_t>(it->second.bytes);
+  s.handles.erase(it);
+}
+
+bool handle_mapped(const State& s, CUmemGenericAllocationHandle h) {
+  for (const auto& [addr, m] : s.mappings) {
+    if (m.handle == h) return true;
+  }
+  return false;
 }
 
 bool incomplete_work(const State& s) {
@@ -210,11 +228,14 @@ CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle) {
   if (injected(s, "cuMemRelease", &code)) return static_cast<CUresult>(code);
   capture_check(s);
   auto it = s.handles.find(handle);
-  if (it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
-  s.used[it->second.device] -= it->second.bytes;
-  s.counters.used_bytes -= static_cast<std::int64_t>(it->second.bytes);
-  s.handles.erase(it);
+  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
   --s.counters.live_handles;
+  // As the driver: memory still mapped is freed when its last mapping goes.
+  if (handle_mapped(s, handle)) {
+    it->second.released = true;
+  } else {
+    free_handle(s, it);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -240,7 +261,8 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
   if (injected(s, "cuMemMap", &code)) return static_cast<CUresult>(code);
   auto h = s.handles.find(handle);
   const auto gs = granules(s, ptr, size);
-  if (h == s.handles.end() || offset != 0 || gs.empty() || h->second.bytes != size) {
+  if (h == s.handles.end() || h->second.released || offset != 0 || gs.empty() ||
+      h->second.bytes != size) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   for (auto a : gs) {
@@ -287,8 +309,16 @@ CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     if (!s.mappings.count(a)) return CUDA_ERROR_INVALID_VALUE;
   }
   if (incomplete_work(s)) ++s.counters.unsafe_unmaps;
-  for (auto a : gs) s.mappings.erase(a);
+  std::set<CUmemGenericAllocationHandle> unmapped;
+  for (auto a : gs) {
+    unmapped.insert(s.mappings[a].handle);
+    s.mappings.erase(a);
+  }
   s.counters.live_mappings -= static_cast<std::int64_t>(gs.size());
+  for (auto h : unmapped) {
+    auto it = s.handles.find(h);
+    if (it != s.handles.end() && it->second.released && !handle_mapped(s, h)) free_handle(s, it);
+  }
   void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
   madvise(p, size, MADV_DONTNEED);
   mprotect(p, size, PROT_NONE);
@@ -583,7 +613,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   fake_cuda::capture_check(s);
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
-  return fake_cuda::event_complete(s, it->second) ? cudaSuccess : cudaErrorNotReady;
+  return fake_cuda::event_complete(s, it->second) ? cudaSuccess : fake_cuda::fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {

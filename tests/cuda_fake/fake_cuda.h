@@ -9,7 +9,8 @@
 //     capacity per device shared by cudaMalloc and cuMemCreate, and
 //     cudaMemGetInfo's free/total from it;
 //   * the per-thread "last error" (cudaGetLastError) that a failing call
-//     sets, as PyTorch checks it after kernel launches;
+//     sets, as PyTorch checks it after kernel launches (cudaEventQuery's
+//     "not ready" too, as HIP does: the caller must clear it);
 //   * the per-thread stream-capture mode (cudaThreadExchangeStreamCaptureMode)
 //     and the mode each cudaMalloc / cuMemCreate ran under;
 //   * streams that can be made busy: an event recorded on a busy stream is
@@ -17,7 +18,8 @@
 //     it, or cudaDeviceSynchronize; cuMemUnmap while any stream has
 //     incomplete work is counted as unsafe (the driver does not wait);
 //   * VMM: address reservations are real PROT_NONE mappings, handles are
-//     charged to the device, cuMemSetAccess makes granules readable and
+//     charged to the device until released and unmapped (the driver frees a
+//     released handle at its last unmap), cuMemSetAccess makes granules readable and
 //     writable (and records which devices may access them), cuMemUnmap
 //     makes them inaccessible again, and freeing a
 //     reservation that still has mappings is refused;
@@ -47,7 +49,7 @@ struct Config {
 
 struct Counters {
   std::int64_t live_mallocs = 0;       // cudaMalloc'ed, not yet freed
-  std::int64_t live_handles = 0;       // cuMemCreate'd, not yet released
+  std::int64_t live_handles = 0;       // cuMemCreate'd, not yet released (cuMemRelease)
   std::int64_t live_reservations = 0;  // cuMemAddressReserve'd, not yet freed
   std::int64_t live_mappings = 0;      // granules mapped
   std::int64_t live_events = 0;

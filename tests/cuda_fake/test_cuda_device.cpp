@@ -478,6 +478,37 @@ void test_arena_out_of_memory(bool vmm) {
   check_nothing_live();
 }
 
+// A driver failure while giving memory back leaves the arena consistent,
+// and the memory still counted; the next try gives it back.
+void test_arena_unmap_failure() {
+  fake_cuda::reset(config());
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    void* keep = arena.allocate(4 * MiB, 0);
+    void* p = arena.allocate(64 * MiB, 0);
+    arena.deallocate(p);
+    fake_cuda::fail_next("cuMemUnmap", CUDA_ERROR_ILLEGAL_ADDRESS);
+    EXPECT_THROW(DeviceError, arena.empty_cache(), "cuMemUnmap");
+    arena.check_invariants();
+    CHECK_EQ(arena.stats().reserved_bytes[0].current, fake_cuda::counters().used_bytes);
+    void* q = arena.allocate(64 * MiB, 0);  // the cached block is still usable
+    CHECK(q == p);
+    arena.deallocate(q);
+    arena.deallocate(keep);
+    fake_cuda::fail_next("cuMemUnmap", CUDA_ERROR_ILLEGAL_ADDRESS);  // a whole segment this time
+    EXPECT_THROW(DeviceError, arena.empty_cache(), "cuMemUnmap");
+    arena.check_invariants();
+    CHECK_EQ(arena.stats().reserved_bytes[0].current, fake_cuda::counters().used_bytes);
+    arena.empty_cache();
+    CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+    arena.check_invariants();
+  }
+  dev.reset();
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
 void test_arena_without_vmm() {
   fake_cuda::reset(config(1, 256 * MiB, false));
   auto dev = std::make_shared<CudaDevice>(0);
@@ -624,6 +655,7 @@ int main() {
       {"arena_record_stream", test_arena_record_stream},
       {"arena_out_of_memory_vmm", [] { test_arena_out_of_memory(true); }},
       {"arena_out_of_memory_cudamalloc", [] { test_arena_out_of_memory(false); }},
+      {"arena_unmap_failure", test_arena_unmap_failure},
       {"arena_without_vmm", test_arena_without_vmm},
       {"arena_threads", test_arena_threads},
       {"stats_group", test_stats_group},
