@@ -3,7 +3,8 @@
 CPU-only build by default. The CUDA parts (``csrc/core/cuda_device.cpp`` and
 ``csrc/torch/cuda_allocator.cpp``) are added when the installed torch was built
 with CUDA and a CUDA toolkit is found (``CUDA_HOME`` or ``/usr/local/cuda``),
-unless ``TORCH_RENAISSANCE_CUDA=0``. Use ``MAX_JOBS=2`` on small machines.
+unless ``TORCH_RENAISSANCE_CUDA=0``; ``TORCH_RENAISSANCE_CUDA=1`` requires them.
+Use ``MAX_JOBS=2`` on small machines.
 """
 from __future__ import annotations
 
@@ -22,11 +23,23 @@ CUDA_ONLY = {
 
 
 def _want_cuda() -> bool:
-    flag = os.environ.get("TORCH_RENAISSANCE_CUDA")
-    if flag is not None and flag.strip() in ("0", "false", "False", "no"):
+    """True to build the CUDA parts. TORCH_RENAISSANCE_CUDA=0 turns them off;
+    =1 requires them, raising SystemExit when torch has no CUDA or no CUDA
+    toolkit is found (instead of a CPU-only build found out at import)."""
+    flag = (os.environ.get("TORCH_RENAISSANCE_CUDA") or "").strip()
+    if flag in ("0", "false", "False", "no"):
         return False
     import torch
 
+    if flag in ("1", "true", "True", "yes"):
+        if torch.version.cuda is None:
+            raise SystemExit(f"TORCH_RENAISSANCE_CUDA=1, but torch {torch.__version__} "
+                             "was built without CUDA")
+        home = cpp_extension.CUDA_HOME
+        if home is None or not os.path.exists(os.path.join(home, "include", "cuda.h")):
+            raise SystemExit(f"TORCH_RENAISSANCE_CUDA=1, but no CUDA toolkit was found (CUDA_HOME="
+                             f"{home!r} has no include/cuda.h): set CUDA_HOME, e.g. /usr/local/cuda")
+        return True
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 

@@ -14,11 +14,18 @@ Measured in each (all sizes in bytes, times in ns / ms):
 * the bundled GPT (``torch_renaissance.examples.gpt``, GPU-sized) trained 30
   steps: mean step time of steps 5..29, peak reserved and peak allocated from
   step 3 on, fragmentation ``1 - peak allocated / peak reserved``, and address
-  stability (the fraction of tensors made in a step whose storage sits at the
+  stability (the fraction of the tensors an op makes in new storage — not a
+  view or an in-place result of one of its inputs — whose storage sits at the
   same address as the same tensor in the step before, seen through a
   ``TorchDispatchMode``, so the same measure for every allocator);
 * peak reserved of a prefetch loop: 64 MiB host batches copied to the GPU on a
   side stream, consumed on the main stream (``record_stream``), 40 batches.
+  It runs before the GPT, on an emptied cache, so no allocator carries the
+  GPT's memory into it.
+
+A worker prints a ``RESULT`` line after each section, so a configuration
+that runs out of time still reports what it measured; the driver rewrites
+``results.json`` (atomically) after each configuration.
 
 Usage::
 
@@ -85,9 +92,13 @@ def _gpt(torch, tr, config: str) -> dict:
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
+            inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                      if isinstance(t, torch.Tensor) and t.is_cuda}
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.is_cuda:
-                    self.ptrs.append(t.untyped_storage().data_ptr())
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr not in inputs:  # new storage, not a view or in-place result
+                        self.ptrs.append(ptr)
             return out
 
     cfg = gpt.GPTConfig(vocab_size=8192, seq_len=512, d_model=512, n_layer=8, n_head=8)
@@ -180,6 +191,11 @@ def _prefetch(torch) -> dict:
     return {"peak_reserved": torch.cuda.max_memory_reserved(), "check": float(total.item())}
 
 
+def _emit(out: dict) -> None:
+    """Prints what is measured so far (the driver keeps the last RESULT line)."""
+    print("RESULT " + json.dumps(out), flush=True)
+
+
 def worker(config: str) -> dict:
     import torch
 
@@ -191,42 +207,94 @@ def worker(config: str) -> dict:
     out = {"config": config}
     torch.cuda.init()
     out["gpu"] = torch.cuda.get_device_name(0)
+    if tr is not None:
+        from torch_renaissance import cuda as tr_cuda
+
+        out["vmm"] = tr_cuda.vmm_status(0)
     out["latency_ns"] = {
         "512B": _latency(torch, 512, 20000),
         "1MiB": _latency(torch, MiB, 20000),
         "64MiB": _latency(torch, 64 * MiB, 5000),
     }
-    torch.cuda.empty_cache()
-    out["gpt"] = _gpt(torch, tr, config)
+    _emit(out)
     torch.cuda.empty_cache()
     out["prefetch"] = _prefetch(torch)
-    if tr is not None:
-        from torch_renaissance import cuda as tr_cuda
-
-        out["vmm"] = tr_cuda.vmm_status(0)
+    _emit(out)
+    torch.cuda.empty_cache()
+    out["gpt"] = _gpt(torch, tr, config)
+    _emit(out)
     return out
 
 
 # --- driver -------------------------------------------------------------------------
 
 
+# Started when this module is loaded: the step's time limit counts from the
+# process start, imports included.
+_T_START = time.monotonic()
+# Allocator settings that would change a configuration if inherited.
+_ENV_DROP = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+             "TORCH_RENAISSANCE", "TORCH_RENAISSANCE_CONF")
+
+
+def _text(b) -> str:
+    if b is None:
+        return ""
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
+
+
+def _last_result(stdout: str):
+    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+        return None
+    try:
+        return json.loads(lines[-1][len("RESULT "):])
+    except json.JSONDecodeError:
+        return None
+
+
+def _machine() -> dict:
+    """GPU driver version and the repository's commit, for the record."""
+    out = {}
+    for key, cmd in (("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+                     ("commit", ["git", "-C", REPO, "rev-parse", "--short", "HEAD"])):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+            out[key] = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            out[key] = None
+    return out
+
+
+def _save(path: str, results: dict) -> None:
+    """Writes results.json atomically (a reader never sees half a file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2)
+    os.replace(tmp, path)
+
+
 def run_all(outdir: str, timeout: float) -> dict:
     import torch
 
-    t_start = time.monotonic()
-    results = {
+    os.makedirs(outdir, exist_ok=True)
+    path = os.path.join(outdir, "results.json")
+    results = _load(path)
+    results.update({
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        **_machine(),
         "configs": {},
-    }
+    })
     for name, extra_env in CONFIGS.items():
         env = dict(os.environ)
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        env.pop("TORCH_RENAISSANCE", None)
+        for key in _ENV_DROP:
+            env.pop(key, None)
         env.update(extra_env)
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
         t0 = time.monotonic()
         print(f"== {name}: running (timeout {timeout:.0f} s)", flush=True)
         try:
@@ -234,31 +302,39 @@ def run_all(outdir: str, timeout: float) -> dict:
                                capture_output=True, text=True, timeout=timeout)
             sys.stdout.write(p.stdout)
             sys.stdout.write(p.stderr)
-            lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-            if p.returncode == 0 and lines:
-                results["configs"][name] = json.loads(lines[-1][len("RESULT "):])
+            r = _last_result(p.stdout)
+            if p.returncode == 0 and r is not None:
+                results["configs"][name] = r
             else:
-                results["configs"][name] = {"error": f"exit {p.returncode}: "
-                                            + (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
-        except subprocess.TimeoutExpired:
-            results["configs"][name] = {"error": f"timed out after {timeout:.0f} s"}
+                r = r or {}
+                r["error"] = (f"exit {p.returncode}: "
+                              + (p.stderr.strip().splitlines() or ["?"])[-1][:200])
+                results["configs"][name] = r
+        except subprocess.TimeoutExpired as e:
+            out, err = _text(e.stdout), _text(e.stderr)
+            sys.stdout.write(out)
+            sys.stdout.write(err)
+            r = _last_result(out) or {}
+            r["error"] = f"timed out after {timeout:.0f} s"  # what it measured before is kept
+            results["configs"][name] = r
         print(f"== {name}: {time.monotonic() - t0:.1f} s", flush=True)
-    os.makedirs(outdir, exist_ok=True)
-    path = os.path.join(outdir, "results.json")
-    old = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
-    old.update(results)
-    with open(path, "w") as f:
-        json.dump(old, f, indent=2)
+        _save(path, results)
     # Model slots (issue 7): only in the time the three configurations were
     # given (3 x timeout, which run_all.sh keeps inside the step's limit) and
     # did not use; its result never changes this script's exit status.
-    old["model_slots"] = _model_slots(3 * timeout + 10 - (time.monotonic() - t_start))
-    with open(path, "w") as f:
-        json.dump(old, f, indent=2)
-    return old
+    results["model_slots"] = _model_slots(3 * timeout + 10 - (time.monotonic() - _T_START))
+    _save(path, results)
+    return results
+
+
+def _load(path: str) -> dict:
+    """results.json, or {} when missing or unreadable (a run cut short)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _model_slots(seconds: float) -> dict:
@@ -278,12 +354,10 @@ def _model_slots(seconds: float) -> dict:
 def _cell(r, keys: tuple, fmt) -> str:
     if r is None:
         return "not run"
-    if "error" in r:
-        return "FAILED"
     v = r
     for k in keys:
         if not isinstance(v, dict) or k not in v:
-            return "n/a"
+            return "FAILED" if "error" in r else "n/a"
         v = v[k]
     return "n/a" if v is None else fmt(v)
 
@@ -315,8 +389,9 @@ def table(results: dict) -> str:
     if not results.get("configs"):
         out = ["no benchmark results (see the steps below and log.txt)"]
     else:
-        out = [f"GPU: {results.get('gpu')}; torch {results.get('torch')}, "
-               f"CUDA {results.get('cuda')}; {results.get('date')}"]
+        out = [f"GPU: {results.get('gpu')} (driver {results.get('driver')}); torch "
+               f"{results.get('torch')}, CUDA {results.get('cuda')}; {results.get('date')}; "
+               f"commit {results.get('commit')}"]
     steps = results.get("steps", {})
     if steps:
         out.append("; ".join(f"{k}: {v}" for k, v in steps.items()))
@@ -347,7 +422,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=100.0, help="seconds per configuration")
     args = ap.parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker)), flush=True)
+        _emit(worker(args.worker))
         return 0
     if args.out:
         results = run_all(args.out, args.timeout)
@@ -356,16 +431,12 @@ def main(argv=None) -> int:
     # --report: merge the run's step statuses (steps.json, written by
     # run_all.sh) into results.json and print the table.
     path = os.path.join(args.report, "results.json")
-    results = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
-    steps_path = os.path.join(args.report, "steps.json")
-    if os.path.exists(steps_path):
-        with open(steps_path) as f:
-            results["steps"] = json.load(f)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
+    results = _load(path)
+    steps = _load(os.path.join(args.report, "steps.json"))
+    if steps:
+        results["steps"] = steps
+    os.makedirs(args.report, exist_ok=True)
+    _save(path, results)
     print(table(results), flush=True)
     return 0
 

@@ -8,8 +8,11 @@
 # numbers, the GPU, torch and CUDA versions, the date, each step's status) and
 # OUTDIR/pytest.xml. Every step runs under a timeout taken from one budget
 # (TORCH_RENAISSANCE_GPU_BUDGET seconds, default 450, under 8 minutes), so a
-# hanging step is reported in the table instead of stalling the run. Uses
-# $PYTHON (default: python) and MAX_JOBS (default 16) for the build.
+# hanging step is reported in the table instead of stalling the run; a step
+# that runs out of time gets SIGINT first (pytest then still writes its
+# report). Uses $PYTHON (default: python3, else python), MAX_JOBS (default 16)
+# and CUDA_HOME (default /usr/local/cuda when it holds the toolkit). Without
+# a usable GPU it stops at once with exit status 2.
 set -uo pipefail
 
 if [ $# -ne 1 ]; then
@@ -19,7 +22,11 @@ fi
 mkdir -p "$1"
 OUT="$(cd "$1" && pwd)"
 cd "$(dirname "$0")/../.."
-PY="${PYTHON:-python}"
+PY="${PYTHON:-$(command -v python3 || command -v python)}"
+export PYTHONUNBUFFERED=1
+if [ -z "${CUDA_HOME:-}" ] && [ -e /usr/local/cuda/include/cuda.h ]; then
+  export CUDA_HOME=/usr/local/cuda
+fi
 BUDGET="${TORCH_RENAISSANCE_GPU_BUDGET:-450}"
 export MAX_JOBS="${MAX_JOBS:-16}"
 : > "$OUT/log.txt"
@@ -42,7 +49,7 @@ step() {
   fi
   echo "== $name (timeout ${t} s): $*"
   local t0=$SECONDS rc
-  timeout --kill-after=10 "$t" "$@"
+  timeout -s INT --kill-after=15 "$t" "$@"
   rc=$?
   local dt=$(( SECONDS - t0 ))
   if [ $rc -eq 0 ]; then
@@ -58,20 +65,29 @@ step() {
 
 echo "torch_renaissance GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), output in $OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-"$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPU available:', torch.cuda.is_available())"
+if ! "$PY" -c "import torch, sys; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPU available:', torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "no usable CUDA GPU for $PY: nothing to check (the tests would all be skipped)"
+  exit 2
+fi
 
 built=0
-if step build 240 env TORCH_RENAISSANCE_CUDA=1 "$PY" setup.py build_ext --inplace; then
+if step build 240 "$PY" benchmarks/gpu/build_inplace.py; then
   if step import 60 "$PY" -c "import torch_renaissance._C as C; assert C.with_cuda, 'built without CUDA'; print('extension with CUDA:', C.__file__)"; then
     built=1
   fi
 fi
 if [ $built -eq 1 ]; then
-  step tests 240 "$PY" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --junitxml="$OUT/pytest.xml"
-  # Three configurations, one process each: share what is left between them.
+  step tests 220 "$PY" -m pytest -m gpu tests/gpu -q -rfE -p no:cacheprovider --junitxml="$OUT/pytest.xml"
+  # Three configurations, one process each: share what is left between them
+  # (30 s stay for the report, 15 s for the driver itself).
   per=$(( ($(left) - 45) / 3 ))
   [ "$per" -gt 100 ] && per=100
-  step benchmarks 330 "$PY" benchmarks/gpu/bench_gpu.py --out "$OUT" --timeout "$per"
+  if [ "$per" -ge 45 ]; then
+    step benchmarks 330 "$PY" benchmarks/gpu/bench_gpu.py --out "$OUT" --timeout "$per"
+  else
+    ORDER+=(benchmarks)
+    STATUS[benchmarks]="SKIPPED (only $(left) s left)"
+  fi
 else
   ORDER+=(tests benchmarks)
   STATUS[tests]="not run (no CUDA build)"

@@ -77,12 +77,14 @@ def case_record_stream() -> dict:
     n = 16 * MiB
     # Map the memory of both streams before the side stream sleeps: growing
     # a segment (cuMemMap / cuMemSetAccess) may wait for the device, which
-    # would end the sleep before the check. y and z reuse these blocks.
+    # would end the sleep before the check. Main's 3n free block then holds
+    # x at its start; freed, x joins the free rest, so an allocator that
+    # ignored record_stream would hand x's address out again at once.
     with torch.cuda.stream(side):
         warm_side = torch.empty(n, dtype=torch.uint8, device="cuda")
-    warm_main = torch.empty(n, dtype=torch.uint8, device="cuda")
-    x = torch.ones(n, dtype=torch.uint8, device="cuda")
+    warm_main = torch.empty(3 * n, dtype=torch.uint8, device="cuda")
     del warm_side, warm_main
+    x = torch.ones(n, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     side.wait_stream(main)
     with torch.cuda.stream(side):
@@ -91,7 +93,9 @@ def case_record_stream() -> dict:
     x.record_stream(side)
     addr = x.data_ptr()
     del x
-    z = torch.empty(n, dtype=torch.uint8, device="cuda")
+    # Written at once on the main stream: if it were x's memory, y would
+    # read zeros.
+    z = torch.zeros(n, dtype=torch.uint8, device="cuda")
     out["side_busy_at_check"] = not side.query()
     out["same_address_while_busy"] = z.data_ptr() == addr
     side.synchronize()

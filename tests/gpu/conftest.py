@@ -44,7 +44,10 @@ class CaseError(AssertionError):
 
 @pytest.fixture
 def run_case():
-    """``run_case(name, *args, env=None, timeout=300)`` -> the case's RESULT dict.
+    """``run_case(name, *args, env=None, timeout=90)`` -> the case's RESULT dict.
+
+    The timeout (seconds) is per case, well inside the GPU check's budget, so
+    one hanging case fails alone.
 
     Raises an assertion error with the case's output when it exits non-zero
     or prints no ``RESULT`` line.
@@ -55,17 +58,20 @@ def run_case():
         pytest.fail("a CUDA device is present but torch_renaissance was built without CUDA: "
                     "rebuild with `pip install --no-build-isolation -e .` and CUDA_HOME set")
 
-    def run(name: str, *args: str, env: dict | None = None, timeout: float = 300) -> dict:
+    def run(name: str, *args: str, env: dict | None = None, timeout: float = 90) -> dict:
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-        for key in ("TORCH_RENAISSANCE", "TORCH_RENAISSANCE_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        for key in ("TORCH_RENAISSANCE", "TORCH_RENAISSANCE_CONF", "PYTORCH_CUDA_ALLOC_CONF",
+                    "PYTORCH_ALLOC_CONF"):
             full_env.pop(key, None)
         full_env.update(env or {})
         try:
             p = subprocess.run([sys.executable, CASES, name, *args], cwd=REPO, env=full_env,
                                capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
-            raise CaseError(f"case {name} timed out after {timeout} s\n{e.stdout}\n{e.stderr}")
+            out = b"".join(x if isinstance(x, bytes) else (x or "").encode()
+                           for x in (e.stdout, e.stderr)).decode("utf-8", "replace")
+            raise CaseError(f"case {name} timed out after {timeout} s\n{out[-6000:]}")
         out = p.stdout + p.stderr
         lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         if p.returncode != 0 or not lines:
