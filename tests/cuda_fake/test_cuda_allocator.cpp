@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "check.h"
 #include "fake_cuda.h"
 #include "torch/cuda_allocator.h"
 
@@ -38,43 +39,6 @@ using c10::MempoolId_t;
 
 constexpr std::int64_t MiB = std::int64_t(1) << 20;
 constexpr MempoolId_t kDefault{0, 0};
-
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + \
-                               ": CHECK(" #cond ") failed");                          \
-  } while (0)
-
-#define CHECK_EQ(a, b)                                                                     \
-  do {                                                                                     \
-    const auto va_ = (a);                                                                  \
-    const auto vb_ = (b);                                                                  \
-    if (!(va_ == vb_)) {                                                                   \
-      throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " #a " == " \
-                    #b " failed: " + std::to_string(va_) + " vs " + std::to_string(vb_));  \
-    }                                                                                      \
-  } while (0)
-
-template <typename E>
-void expect_throw(const std::function<void()>& fn, std::vector<std::string> parts, int line) {
-  try {
-    fn();
-  } catch (const E& e) {
-    const std::string what = e.what();
-    for (const auto& p : parts) {
-      if (what.find(p) == std::string::npos) {
-        throw Failure("line " + std::to_string(line) + ": message lacks '" + p + "': " + what);
-      }
-    }
-    return;
-  }
-  throw Failure("line " + std::to_string(line) + ": expected an exception");
-}
-#define EXPECT_THROW(E, stmt, ...) expect_throw<E>([&] { stmt; }, {__VA_ARGS__}, __LINE__)
 
 CCA::CUDAAllocator* alloc() { return CCA::allocator.load(); }
 
@@ -436,7 +400,7 @@ int main() {
   config.devices = 2;
   config.capacity = std::size_t(512) << 20;
   fake_cuda::reset(config);
-  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+  const fake_cuda::TestList tests = {
       {"install", test_install},
       {"stats", test_stats},
       {"out_of_memory", test_out_of_memory},
@@ -449,16 +413,5 @@ int main() {
       {"cache_info_and_snapshot", test_cache_info_and_snapshot},
       {"second_device_and_peers", test_second_device_and_peers},
   };
-  int failed = 0;
-  for (const auto& [name, fn] : tests) {
-    try {
-      fn();
-      std::printf("PASS %s\n", name);
-    } catch (const std::exception& e) {
-      ++failed;
-      std::printf("FAIL %s: %s\n", name, e.what());
-    }
-  }
-  std::printf("%zu tests, %d failed\n", tests.size(), failed);
-  return failed ? 1 : 0;
+  return fake_cuda::run_tests(tests);
 }

@@ -22,6 +22,7 @@
 #include "core/arena.h"
 #include "core/cuda_device.h"
 #include "core/errors.h"
+#include "check.h"
 #include "fake_cuda.h"
 
 #include <cuda.h>  // CUresult codes for fault injection
@@ -31,43 +32,6 @@ using namespace renaissance;
 namespace {
 
 constexpr std::size_t MiB = std::size_t(1) << 20;
-
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + \
-                               ": CHECK(" #cond ") failed");                          \
-  } while (0)
-
-#define CHECK_EQ(a, b)                                                                     \
-  do {                                                                                     \
-    const auto va_ = (a);                                                                  \
-    const auto vb_ = (b);                                                                  \
-    if (!(va_ == vb_)) {                                                                   \
-      throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " #a " == " \
-                    #b " failed: " + std::to_string(va_) + " vs " + std::to_string(vb_));  \
-    }                                                                                      \
-  } while (0)
-
-// Runs fn, which must throw E whose message contains every one of `parts`.
-template <typename E>
-void expect_throw(const std::function<void()>& fn, std::vector<std::string> parts, int line) {
-  try {
-    fn();
-  } catch (const E& e) {
-    for (const auto& p : parts) {
-      if (std::string(e.what()).find(p) == std::string::npos) {
-        throw Failure("line " + std::to_string(line) + ": message lacks '" + p + "': " + e.what());
-      }
-    }
-    return;
-  }
-  throw Failure("line " + std::to_string(line) + ": expected an exception");
-}
-#define EXPECT_THROW(E, stmt, ...) expect_throw<E>([&] { stmt; }, {__VA_ARGS__}, __LINE__)
 
 // No CUDA error may be left for the next cudaGetLastError (PyTorch checks
 // it after every kernel launch).
@@ -638,7 +602,7 @@ void test_limit_changes() {
 }  // namespace
 
 int main() {
-  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+  const fake_cuda::TestList tests = {
       {"no_device", test_no_device},
       {"bad_index", test_bad_index},
       {"reserve_release", test_reserve_release},
@@ -661,16 +625,5 @@ int main() {
       {"stats_group", test_stats_group},
       {"limit_changes", test_limit_changes},
   };
-  int failed = 0;
-  for (const auto& [name, fn] : tests) {
-    try {
-      fn();
-      std::printf("PASS %s\n", name);
-    } catch (const std::exception& e) {
-      ++failed;
-      std::printf("FAIL %s: %s\n", name, e.what());
-    }
-  }
-  std::printf("%zu tests, %d failed\n", tests.size(), failed);
-  return failed ? 1 : 0;
+  return fake_cuda::run_tests(tests);
 }
