@@ -42,3 +42,68 @@ def test_install_cuda_without_cuda_build_raises_clearly():
 def test_mem_pool_without_cuda_raises_clearly():
     with pytest.raises(RuntimeError, match="needs CUDA"):
         tr.mem_pool()
+
+
+# --- torch_renaissance's CUDA stats functions go through torch.cuda ------------------
+
+
+class _TorchCudaStub:
+    """What the stats functions read from ``torch.cuda``, recorded."""
+
+    def __init__(self, nested):
+        self.nested = nested
+        self.calls = []
+
+    def current_device(self):
+        return 0
+
+    def memory_stats_as_nested_dict(self, index):
+        self.calls.append(("stats", index))
+        return self.nested
+
+    def reset_peak_memory_stats(self, index):
+        self.calls.append(("reset_peak", index))
+
+    def reset_accumulated_memory_stats(self, index):
+        self.calls.append(("reset_accumulated", index))
+
+    def empty_cache(self):
+        self.calls.append(("empty_cache",))
+
+
+def test_cuda_stats_are_device_wide_and_resets_go_through_torch_cuda(monkeypatch):
+    """With CUDA installed, PyTorch's keys come from torch.cuda (every arena of
+    the device: graph pools and MemPools too, device-wide peaks), renaissance.*
+    from the default arena; resets and empty_cache go through torch.cuda, so
+    both views stay one."""
+    import torch
+
+    from torch_renaissance import _C, allocator
+
+    arena = _C.Arena(_C.HostDevice())  # stands in for cuda:1's default arena
+    p = arena.allocate(1 << 20)
+    device_wide = arena.stats()
+    device_wide = {k: v for k, v in device_wide.items() if k != "renaissance"}
+    device_wide["allocated_bytes"] = {
+        pool: {"current": 3 << 20, "peak": 5 << 20, "allocated": 9 << 20, "freed": 6 << 20}
+        for pool in ("all", "small_pool", "large_pool")}
+    stub = _TorchCudaStub(device_wide)
+    monkeypatch.setattr(torch, "cuda", stub)
+    monkeypatch.setitem(allocator._installed, "cuda", (None, None))
+    monkeypatch.setattr(cuda, "arena", lambda index: arena)
+
+    s = tr.memory_stats("cuda:1")
+    assert stub.calls == [("stats", 1)]
+    assert s["allocated_bytes.all.current"] == 3 << 20  # torch.cuda's, not the arena's 1 MiB
+    assert tr.max_memory_allocated("cuda:1") == 5 << 20
+    assert s["renaissance.planned_steps"] == arena.stats()["renaissance"]["planned_steps"]
+    assert s["reserved_bytes.all.current"] == arena.stats()["reserved_bytes"]["all"]["current"]
+
+    stub.calls.clear()
+    tr.reset_peak_memory_stats("cuda:1")
+    tr.reset_accumulated_memory_stats("cuda")  # the current device: 0
+    tr.empty_cache("cuda:1")
+    assert stub.calls == [("reset_peak", 1), ("reset_accumulated", 0), ("empty_cache",)]
+    # The arena itself was not reset behind torch.cuda's back.
+    assert arena.stats()["allocated_bytes"]["all"]["allocated"] == 1 << 20
+    arena.deallocate(p)

@@ -266,8 +266,8 @@ def installed_config(device: Any = "cpu") -> Optional[Config]:
     return entry[0] if entry else None
 
 
-def get_arena(device: Any = None):
-    """The arena serving ``device`` (a ``torch_renaissance._C.Arena``).
+def resolve_device(device: Any = None) -> "torch.device":
+    """The device torch_renaissance serves for ``device``, with its index for CUDA.
 
     Args:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. None
@@ -284,9 +284,24 @@ def get_arena(device: Any = None):
     if dev.type not in _installed:
         raise RuntimeError(f"torch_renaissance is not installed for '{dev.type}': call "
                            f"torch_renaissance.install('{dev.type}') first")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def get_arena(device: Any = None):
+    """The arena serving ``device`` (a ``torch_renaissance._C.Arena``): for
+    CUDA, the device's default arena (graph pools and MemPools have their own).
+
+    Args:
+        device: as for :func:`resolve_device`.
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for that device.
+    """
+    dev = resolve_device(device)
     if dev.type == "cpu":
         return _installed["cpu"][1]
     from torch_renaissance import cuda as _cuda
 
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return _cuda.arena(index)
+    return _cuda.arena(dev.index)

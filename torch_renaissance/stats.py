@@ -8,13 +8,19 @@
 ``current|peak|allocated|freed``, ``num_*`` counters, ``max_split_size``,
 ``oversize_*``) plus ``renaissance.*`` keys for what PyTorch has no name for.
 All sizes are bytes.
+
+For CUDA, PyTorch's keys come from the allocator behind ``torch.cuda`` (ours
+once installed): the whole device, CUDA-graph pools and MemPools included, with
+device-wide peaks; the resets and ``empty_cache`` go through ``torch.cuda`` too.
+The ``renaissance.*`` keys describe the device's default arena, where steps
+are planned.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any, Optional
 
-from torch_renaissance.allocator import get_arena
+from torch_renaissance.allocator import get_arena, resolve_device
 
 
 def _flatten(prefix: str, value: Any, out: list) -> None:
@@ -31,7 +37,15 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict:
     Raises:
         RuntimeError: torch_renaissance is not installed for ``device``.
     """
-    nested = get_arena(device).stats()
+    dev = resolve_device(device)
+    nested = get_arena(dev).stats()
+    if dev.type == "cuda":
+        import torch
+
+        # {} until CUDA is initialized: the arena's (all zero) numbers stay.
+        for key, value in torch.cuda.memory_stats_as_nested_dict(dev.index).items():
+            if key in nested:
+                nested[key] = value
     r = nested["renaissance"]
     requests = r["planned_requests"]
     r["hit_rate"] = r["planned_hits"] / requests if requests else 0.0
@@ -92,21 +106,47 @@ def max_memory_reserved(device: Any = None) -> int:
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    """Sets every peak to its current value; current values do not change."""
-    get_arena(device).reset_peak_stats()
+    """Sets every peak to its current value; current values do not change.
+
+    For CUDA, ``torch.cuda.reset_peak_memory_stats`` (every arena of the device).
+    """
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(dev.index)
+    else:
+        get_arena(dev).reset_peak_stats()
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
-    """Clears the ``allocated`` / ``freed`` totals and the ``num_*`` counters."""
-    get_arena(device).reset_accumulated_stats()
+    """Clears the ``allocated`` / ``freed`` totals and the ``num_*`` counters.
+
+    For CUDA, ``torch.cuda.reset_accumulated_memory_stats`` (every arena of the device).
+    """
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.reset_accumulated_memory_stats(dev.index)
+    else:
+        get_arena(dev).reset_accumulated_stats()
 
 
 def empty_cache(device: Any = None) -> None:
     """Returns cached memory that no tensor holds to the device.
 
-    Planned territory is kept (it is what later steps replay into).
+    Planned territory is kept (it is what later steps replay into). For CUDA,
+    ``torch.cuda.empty_cache()``: every device, and the graph pools and
+    MemPools that nothing uses any more.
     """
-    get_arena(device).empty_cache()
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    else:
+        get_arena(dev).empty_cache()
 
 
 def fragmentation(peak_allocated: int, peak_reserved: int) -> float:
