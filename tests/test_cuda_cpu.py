@@ -107,3 +107,61 @@ def test_cuda_stats_are_device_wide_and_resets_go_through_torch_cuda(monkeypatch
     # The arena itself was not reset behind torch.cuda's back.
     assert arena.stats()["allocated_bytes"]["all"]["allocated"] == 1 << 20
     arena.deallocate(p)
+
+
+class _StepArena:
+    """Records the step calls auto_steps makes on a CUDA arena."""
+
+    def __init__(self, name, log):
+        self.name, self.log, self.in_step = name, log, False
+
+    def begin_step(self, key=0):
+        self.in_step = True
+        self.log.append(("begin", self.name))
+
+    def end_step(self):
+        self.in_step = False
+        self.log.append(("end", self.name))
+
+
+def test_auto_steps_leave_cuda_alone_until_it_is_initialized(monkeypatch):
+    """``torch-renaissance run --cuda`` must not initialize CUDA before the
+    script (which may pick its device or CUDA_VISIBLE_DEVICES first); once
+    CUDA is initialized, each boundary goes to the arena of the device current
+    at that moment (torch.cuda.set_device(local_rank))."""
+    import importlib
+
+    import torch
+
+    from torch_renaissance import allocator
+
+    step = importlib.import_module("torch_renaissance.step")  # the package exports step()
+    log = []
+    arenas = {i: _StepArena(f"cuda:{i}", log) for i in range(2)}
+    state = {"initialized": False, "device": 0}
+    monkeypatch.setitem(allocator._installed, "cuda", (None, None))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: state["initialized"])
+
+    def current_device():
+        assert state["initialized"], "auto_steps initialized CUDA"
+        return state["device"]
+
+    monkeypatch.setattr(torch.cuda, "current_device", current_device)
+    monkeypatch.setattr(cuda, "arena", lambda index: arenas[index])
+
+    steps = step._AutoSteps(["cuda"])
+    steps.start()
+    assert log == []  # CUDA untouched
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    try:
+        steps._boundary(opt, (), {})
+        assert log == []  # still not initialized: nothing to mark
+        state.update(initialized=True, device=1)  # the script ran set_device(1) and used CUDA
+        steps._boundary(opt, (), {})
+        assert log == [("begin", "cuda:1")]
+        steps._boundary(opt, (), {})
+        assert log[1:] == [("end", "cuda:1"), ("begin", "cuda:1")]
+    finally:
+        steps.stop()
+    assert log[-1] == ("end", "cuda:1")
+    assert all(name == "cuda:1" for _, name in log)  # cuda:0 was never touched

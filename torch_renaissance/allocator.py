@@ -276,6 +276,21 @@ def resolve_device(device: Any = None) -> "torch.device":
     Raises:
         RuntimeError: torch_renaissance is not installed for that device.
     """
+    dev = installed_device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def installed_device(device: Any = None) -> "torch.device":
+    """``device`` as a ``torch.device`` (None: ``cuda`` when CUDA is installed,
+    else ``cpu``), checked to be installed; unlike :func:`resolve_device` it
+    leaves a CUDA index unset and so never initializes CUDA.
+
+    Raises:
+        RuntimeError: not a CPU or CUDA device, or torch_renaissance is not
+            installed for it.
+    """
     if device is None:
         device = "cuda" if "cuda" in _installed else "cpu"
     dev = torch.device(device) if not isinstance(device, torch.device) else device
@@ -284,8 +299,6 @@ def resolve_device(device: Any = None) -> "torch.device":
     if dev.type not in _installed:
         raise RuntimeError(f"torch_renaissance is not installed for '{dev.type}': call "
                            f"torch_renaissance.install('{dev.type}') first")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

@@ -74,7 +74,10 @@ def install_from_env() -> List[str]:
 
     done = []
     for device in devices_from_env():
-        if device == "cuda" and not (cuda.is_built() and torch.cuda.is_available()):
+        # device_count() asks NVML first, so it does not initialize the CUDA
+        # driver in this process (is_available() would, and a later fork
+        # whose child uses CUDA would then fail); install() needs no device.
+        if device == "cuda" and not (cuda.is_built() and torch.cuda.device_count() > 0):
             continue
         if not allocator.is_installed(device):
             allocator.install(device)

@@ -77,10 +77,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         for d in devices:
             tr.install(d)
+        # CUDA is not initialized here: the script may pick its device first.
+        steps = tr.auto_steps(devices)
     except (ValueError, RuntimeError, ImportError) as e:
         print(f"torch-renaissance run: {e}", file=sys.stderr)
         return 2
-    steps = tr.auto_steps(devices)
     sys.argv = [script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
@@ -102,7 +103,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The first interval runs from the install to the first optimizer step:
         # imports, model building, the first step. Steps are counted from it,
         # the mean step time without it.
-        reports = [tr.stats.report(d, times) for d in devices]
+        import torch
+
+        # CUDA: the device the script left current; nothing to report when
+        # the script never initialized CUDA.
+        used = [d for d in devices if d != "cuda" or torch.cuda.is_initialized()]
+        if len(used) < len(devices):
+            print("torch-renaissance run: the script did not use CUDA; no CUDA report",
+                  file=sys.stderr)
+        reports = [tr.stats.report(d, times) for d in used]
         for rep in reports:
             _print_report(rep, sys.stderr)
         if args.report:

@@ -20,7 +20,7 @@ import time
 import weakref
 from typing import Any, Callable, Hashable, Iterator, List, Optional, TypeVar
 
-from torch_renaissance.allocator import get_arena
+from torch_renaissance.allocator import get_arena, installed_device
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -86,19 +86,42 @@ def planned(fn: Optional[F] = None, *, device: Any = None, key: Hashable = None)
 
 
 class _AutoSteps:
-    """Optimizer-step boundaries for every installed arena (one per device type)."""
+    """Optimizer-step boundaries for every installed arena (one per device type).
+
+    A CUDA device is looked up at each boundary, never before CUDA is
+    initialized (so ``torch-renaissance run --cuda`` does not initialize CUDA
+    before the script, which may pick its device or set
+    ``CUDA_VISIBLE_DEVICES`` first): the boundary goes to the arena of the
+    device current at that moment (``torch.cuda.set_device(local_rank)``).
+    """
 
     def __init__(self, devices: List[Any]) -> None:
-        self.arenas = [get_arena(d) for d in devices]
+        self.devices = [installed_device(d) for d in devices]  # raises if not installed
+        self.open: List[Any] = []  # arenas in which this object opened the step
         self.times: List[float] = []
         self._last = time.perf_counter()
         self._handle = None
         self._marker: Optional[weakref.ref] = None
 
-    def start(self) -> None:
-        for a in self.arenas:
+    def _arenas_now(self) -> List[Any]:
+        import torch
+
+        out = []
+        for d in self.devices:
+            if d.type == "cuda" and not torch.cuda.is_initialized():
+                continue  # nothing allocated there yet; the next boundary looks again
+            out.append(get_arena(d))
+        return out
+
+    def _begin(self) -> None:
+        self.open = []
+        for a in self._arenas_now():
             if not a.in_step:
                 a.begin_step()
+                self.open.append(a)
+
+    def start(self) -> None:
+        self._begin()
         self._last = time.perf_counter()
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -117,17 +140,19 @@ class _AutoSteps:
         now = time.perf_counter()
         self.times.append(now - self._last)
         self._last = now
-        for a in self.arenas:
-            a.end_step()
-            a.begin_step()
+        for a in self.open:
+            if a.in_step:
+                a.end_step()
+        self._begin()
 
     def stop(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        for a in self.arenas:
+        for a in self.open:
             if a.in_step:
                 a.end_step()
+        self.open = []
 
 
 _auto: Optional[_AutoSteps] = None

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -118,7 +119,15 @@ void set_pool_reserved(Stats& out, const MempoolId_t& id, const StatArray& reser
 struct PoolEntry {
   std::shared_ptr<Arena> arena;
   int use_count = 0;
+  bool use_on_oom = false;  // MemPool(use_on_oom=True): lends its free blocks before an OOM
 };
+
+// Makes `device` current for the scope the way PyTorch does (c10's
+// CUDAGuard), so that CudaDevice's own guard finds it current and switches
+// nothing. c10 goes back with MaybeSetDevice, which creates no CUDA context
+// on a device that has none (a raw cudaSetDevice would, since CUDA 12: a
+// helper thread still on device 0 must not put a context there).
+using DeviceScope = c10::cuda::CUDAGuard;
 
 struct Window {  // one open beginAllocateToPool
   MempoolId_t id;
@@ -369,9 +378,11 @@ void for_each_state(F f) {
 
 [[noreturn]] void raise_oom(DeviceState& s, std::size_t size, const OutOfMemoryError& e) {
   DeviceStats st;
+  std::size_t limit = 0;
   {
     std::lock_guard<std::mutex> g(s.mu);
     st = s.stats_locked();
+    limit = s.pool_config.max_reserved_bytes;
   }
   MemInfo mem;
   try {
@@ -387,7 +398,8 @@ void for_each_state(F f) {
     std::lock_guard<std::mutex> g(r.observers_mu);
     observers = r.oom_observers;
   }
-  for (auto& obs : observers) obs(s.index, allocated, mem.total_bytes, mem.free_bytes);
+  // As PyTorch: (device, the failed request, the limit or the device's total, free).
+  for (auto& obs : observers) obs(s.index, size, limit ? limit : mem.total_bytes, mem.free_bytes);
   std::ostringstream os;
   os << "CUDA out of memory. Tried to allocate " << format_bytes(size) << " (" << size
      << " bytes). GPU " << s.index << " has a total capacity of " << format_bytes(mem.total_bytes)
@@ -404,11 +416,30 @@ void for_each_state(F f) {
 
 // --- allocation and free ----------------------------------------------------------
 
+// The last resort before an out-of-memory error, as PyTorch's allocator
+// does: the free blocks of pools created with use_on_oom (a MemPool that
+// lends its memory). Not for allocations a window routes to its own pool.
+void* borrow_from_pools(DeviceState& s, std::size_t size, StreamId sid, int device,
+                        cudaStream_t stream) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(s.mu);
+  if (s.route_locked(stream)) return nullptr;
+  for (auto& [id, p] : s.pools) {
+    if (!p.use_on_oom) continue;
+    if (void* ptr = p.arena->try_allocate(size, sid)) {
+      r.pointers.insert(ptr, Owner{p.arena.get(), id, device});
+      return ptr;
+    }
+  }
+  return nullptr;
+}
+
 void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
   if (size == 0) return nullptr;
   Registry& r = registry();
   try {
     DeviceState& s = state(device);
+    DeviceScope scope(static_cast<DeviceIndex>(device));
     const StreamId sid = stream_id(stream);
     // Serves the request from the newest window's pool that takes `stream`,
     // or from the default arena. last: raise OutOfMemoryError, else nullptr.
@@ -428,8 +459,9 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
       return ptr;
     };
     if (void* ptr = place(false)) return ptr;
-    // Pools no graph uses any more may still hold memory: give it back, then
-    // the last try (one OOM counted, however many tries).
+    // Pools no graph uses any more may still hold memory: give it back and
+    // try again, then borrow from use_on_oom pools (one OOM counted, however
+    // many tries).
     {
       std::vector<std::shared_ptr<Arena>> dead;
       {
@@ -437,6 +469,9 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
         s.release_unused_pools_locked(&dead);
       }
     }  // `dead` is destroyed here, outside the lock: its memory goes back
+    if (void* ptr = place(false)) return ptr;
+    if (void* ptr = borrow_from_pools(s, size, sid, device, stream)) return ptr;
+    // Nothing left to try: the arena raises (and counts) the error, with its reason.
     try {
       return place(true);
     } catch (const OutOfMemoryError& e) {
@@ -472,6 +507,7 @@ void free_pointer(void* ptr, bool strict) {
                  "did not hand out\n", ptr);
     return;
   }
+  DeviceScope scope(static_cast<DeviceIndex>(o.device));
   o.arena->deallocate(ptr);
   if (o.pool != kDefaultPool) release_pool_if_idle(o.device, o.pool);
 }
@@ -498,6 +534,7 @@ void record_stream_on(void* ptr, cudaStream_t stream) {
 // they are never given back, as in PyTorch's release_cached_blocks.
 void empty_cache_all(const MempoolId_t& id) {
   for_each_state([&](DeviceState& s) {
+    DeviceScope scope(static_cast<DeviceIndex>(s.index));
     std::vector<std::shared_ptr<Arena>> dead;
     if (id == kDefaultPool) {
       s.arena->empty_cache();
@@ -572,6 +609,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     std::lock_guard<std::mutex> g(r.mu);
     DeviceState* s = find_state(device);
     if (s) {
+      DeviceScope scope(device);
       std::size_t total = 0;
       try {
         total = s->device->mem_info().total_bytes;
@@ -595,7 +633,15 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   }
 
   void emptyCache(MempoolId_t mempool_id) override { empty_cache_all(mempool_id); }
-  void enable(bool value) override { enabled_ = value; }
+  void enable(bool value) override {
+    if (!value) {
+      TORCH_WARN_ONCE("torch_renaissance always caches CUDA memory (its arenas are the cache): "
+                      "caching_allocator_enable(False) / PYTORCH_NO_CUDA_MEMORY_CACHING change "
+                      "nothing; use PyTorch's allocator to run without caching (e.g. under "
+                      "compute-sanitizer)");
+    }
+    enabled_ = value;
+  }
   bool isEnabled() const override { return enabled_; }
 
   void cacheInfo(DeviceIndex device, size_t* largestBlock) override {
@@ -603,6 +649,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     // could hand out without asking the device, or failing that, what the
     // device has free (an expandable segment can grow into it).
     DeviceState& s = checked_state(device);
+    DeviceScope scope(device);
     std::size_t best = 0;
     {
       std::lock_guard<std::mutex> g(s.mu);
@@ -714,6 +761,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   }
   void endAllocateToPool(DeviceIndex device, MempoolId_t mempool_id) override {
     DeviceState& s = checked_state(device);
+    DeviceScope scope(device);  // leaving capture mode may give memory back
     std::vector<std::shared_ptr<Arena>> dead;
     std::lock_guard<std::mutex> g(s.mu);
     for (auto it = s.windows.rbegin(); it != s.windows.rend(); ++it) {
@@ -737,6 +785,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   void releasePool(DeviceIndex device, MempoolId_t mempool_id) override {
     DeviceState* s = find_state(device);
     if (!s) return;
+    DeviceScope scope(device);  // a pool destroyed here gives its memory back
     std::shared_ptr<Arena> dead;
     {
       std::lock_guard<std::mutex> g(s->mu);
@@ -763,7 +812,15 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     std::lock_guard<std::mutex> g(s.mu);
     ++s.pool_locked(mempool_id).use_count;
   }
-  void setUseOnOOM(DeviceIndex, MempoolId_t, bool) override {}  // pools are never borrowed
+  // MemPool(use_on_oom=True): its free blocks serve allocations outside it
+  // that would otherwise fail (see borrow_from_pools).
+  void setUseOnOOM(DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
+    DeviceState* s = find_state(device);
+    if (!s) return;
+    std::lock_guard<std::mutex> g(s->mu);
+    auto it = s->pools.find(mempool_id);
+    if (it != s->pools.end()) it->second.use_on_oom = use_on_oom;
+  }
   void setNoSplit(DeviceIndex, MempoolId_t) override {}         // blocks are split as usual
 
   // Not supported -------------------------------------------------------------
@@ -776,14 +833,16 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
                        "shared by another process); use PyTorch's allocator for that process");
   }
   std::shared_ptr<CCA::AllocatorState> getCheckpointState(DeviceIndex, MempoolId_t) override {
-    TORCH_CHECK(false, "torch_renaissance does not support allocator checkpoints (CUDA graph "
-                       "trees of torch.compile mode='reduce-overhead'); capture graphs with "
-                       "torch.cuda.graph instead");
+    TORCH_CHECK(false, "torch_renaissance does not support allocator checkpoints (the CUDA "
+                       "graph trees of torch.compile mode='reduce-overhead' or 'max-autotune'); "
+                       "set torch._inductor.config.triton.cudagraph_trees = False (plain CUDA "
+                       "graphs work), or capture with torch.cuda.graph");
   }
   CCA::CheckpointDelta setCheckpointPoolState(DeviceIndex,
                                               std::shared_ptr<CCA::AllocatorState>) override {
-    TORCH_CHECK(false, "torch_renaissance does not support allocator checkpoints (CUDA graph "
-                       "trees of torch.compile mode='reduce-overhead')");
+    TORCH_CHECK(false, "torch_renaissance does not support allocator checkpoints (the CUDA "
+                       "graph trees of torch.compile mode='reduce-overhead' or 'max-autotune'); "
+                       "set torch._inductor.config.triton.cudagraph_trees = False");
   }
 
   // History and observers -------------------------------------------------------
@@ -804,7 +863,13 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   // (PyTorch >= 2.12); we never reject an allocation ahead of trying it.
   virtual void attachOomRejectionObserver(
       std::function<void(int64_t, size_t, size_t, size_t)> /*observer*/) {}
-  void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override {}
+  void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override {
+    // ProcessGroupNCCL's buffer-registration hooks (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK)
+    // attach here and expect segment events, which we do not emit.
+    TORCH_WARN_ONCE("torch_renaissance emits no allocator trace events: trackers attached with "
+                    "attachAllocatorTraceTracker (e.g. NCCL's tensor-registration hook) are "
+                    "never called");
+  }
 
   // Copies ------------------------------------------------------------------------
   // `dev` may read and write memory of `dev_to_access`: enables peer access
@@ -823,6 +888,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
       }
     }
     try {
+      DeviceScope scope(dev_to_access);
       checked_state(dev_to_access).device->add_peer_access(dev);
     } catch (const DeviceError& e) {
       TORCH_CHECK(false, e.what());
@@ -916,6 +982,10 @@ void install(const ArenaConfig& config) {
         "existing CUDA tensors stay valid.");
   }
   if (r.owned.empty()) r.config = config;
+  if (const char* v = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING"); v && std::string(v) != "0") {
+    TORCH_WARN("torch_renaissance always caches CUDA memory: PYTORCH_NO_CUDA_MEMORY_CACHING is "
+               "ignored once it is installed");
+  }
   auto allocator = std::make_shared<RenaissanceCudaAllocator>();
   g.unlock();
   // torch.cuda reads CUDACachingAllocator::allocator; torch.accelerator and

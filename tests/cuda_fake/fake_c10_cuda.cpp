@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include "fake_cuda.h"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -26,6 +28,9 @@ std::atomic<CUDAAllocator*> allocator{nullptr};
 
 namespace {
 thread_local std::map<DeviceIndex, StreamId> t_current_stream;
+// As c10's targetDeviceIndex: the device MaybeSetDevice chose without
+// making it current (it has no context yet); GetDevice reports it.
+thread_local DeviceIndex t_target = -1;
 
 DeviceIndex resolve(DeviceIndex device) {
   if (device >= 0) return device;
@@ -57,22 +62,41 @@ DeviceIndex device_count() noexcept {
   return static_cast<DeviceIndex>(n);
 }
 
+// Device selection as c10/cuda/CUDAFunctions.cpp does it: MaybeSetDevice
+// does not create a context on a device that has none, it only remembers it.
 cudaError_t GetDevice(DeviceIndex* device) {
+  if (t_target >= 0) {
+    *device = t_target;
+    return cudaSuccess;
+  }
   int d = 0;
   const cudaError_t e = cudaGetDevice(&d);
   *device = static_cast<DeviceIndex>(d);
   return e;
 }
 
-cudaError_t SetDevice(DeviceIndex device, const bool) { return cudaSetDevice(device); }
+cudaError_t SetDevice(DeviceIndex device, const bool) {
+  t_target = -1;
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur == device) return cudaSuccess;
+  return cudaSetDevice(device);
+}
 
-cudaError_t MaybeSetDevice(DeviceIndex device) { return cudaSetDevice(device); }
+cudaError_t MaybeSetDevice(DeviceIndex device) {
+  if (fake_cuda::has_context(device)) return SetDevice(device, false);
+  t_target = device;
+  return cudaSuccess;
+}
 
 DeviceIndex ExchangeDevice(DeviceIndex device) {
-  DeviceIndex prev = 0;
-  C10_CUDA_CHECK(GetDevice(&prev));
-  if (prev != device) C10_CUDA_CHECK(cudaSetDevice(device));
-  return prev;
+  DeviceIndex cur = t_target;
+  t_target = -1;
+  if (cur < 0) {
+    C10_CUDA_CHECK(GetDevice(&cur));
+    if (cur == device) return cur;
+  }
+  C10_CUDA_CHECK(cudaSetDevice(device));
+  return cur;
 }
 
 CUDAStream getStreamFromPool(const bool, DeviceIndex) {

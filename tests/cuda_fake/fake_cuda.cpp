@@ -64,6 +64,7 @@ struct State {
   std::vector<std::pair<cudaStream_t, cudaEvent_t>> waits;
   bool capturing = false;
   std::set<std::pair<int, int>> peers;  // (device, peer) with peer access enabled
+  std::set<int> contexts;  // devices with a primary context
 };
 
 State& state() {
@@ -87,6 +88,10 @@ bool injected(State& s, const char* function, int* code) {
   s.faults.erase(it);
   return true;
 }
+
+// Caller holds the lock: the calling thread's device gets a context (any
+// runtime call that does work on the device creates it).
+void touch(State& s) { s.contexts.insert(t_device); }
 
 // Caller holds the lock: counts a call that a capture forbids.
 void capture_check(State& s) {
@@ -364,6 +369,7 @@ void reset(const Config& config) {
   s.waits.clear();
   s.capturing = false;
   s.peers.clear();
+  s.contexts.clear();
   t_device = 0;
   t_last_error = cudaSuccess;
   t_mode = cudaStreamCaptureModeGlobal;
@@ -386,6 +392,14 @@ void hide_symbol(const std::string& symbol) {
   std::lock_guard<std::mutex> g(s.mu);
   s.hidden.insert(symbol);
 }
+
+bool has_context(int device) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  return s.contexts.count(device) > 0;
+}
+
+void set_thread_device_without_context(int device) { t_device = device; }
 
 void set_capturing(bool on) {
   State& s = state();
@@ -506,6 +520,7 @@ cudaError_t cudaSetDevice(int device) {
   FAKE_INJECT(s, "cudaSetDevice");
   if (device < 0 || device >= s.config.devices) return fake_cuda::fail(cudaErrorInvalidDevice);
   t_device = device;
+  fake_cuda::touch(s);  // since CUDA 12, cudaSetDevice creates the primary context
   return cudaSuccess;
 }
 
@@ -520,6 +535,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaMalloc");
+  fake_cuda::touch(s);
   if (t_mode != cudaStreamCaptureModeRelaxed) ++s.counters.allocations_not_relaxed;
   const int dev = t_device;
   if (size > s.config.capacity || s.used[dev] + size > s.config.capacity) {
@@ -541,6 +557,7 @@ cudaError_t cudaFree(void* ptr) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaFree");
+  fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   if (!ptr) return cudaSuccess;
   auto it = s.mallocs.find(ptr);
@@ -557,6 +574,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaMemGetInfo");
+  fake_cuda::touch(s);
   *total_bytes = s.config.capacity;
   *free_bytes = s.config.capacity - s.used[t_device];
   return cudaSuccess;
@@ -566,6 +584,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaDeviceSynchronize");
+  fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   for (auto& [stream, st] : s.streams) st.done = st.issued;
   ++s.counters.device_synchronizes;
@@ -576,6 +595,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaEventCreateWithFlags");
+  fake_cuda::touch(s);
   if (flags != cudaEventDisableTiming) return fake_cuda::fail(cudaErrorInvalidValue);
   *event = reinterpret_cast<cudaEvent_t>(s.next_event);
   s.next_event += 16;
@@ -597,6 +617,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaEventRecord");
+  fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
@@ -620,6 +641,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaEventSynchronize");
+  fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
@@ -635,6 +657,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   FAKE_INJECT(s, "cudaStreamWaitEvent");
+  fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   if (!s.events.count(event) || flags != 0) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
   s.waits.emplace_back(stream, event);

@@ -5,7 +5,9 @@
 // fake_cuda.cpp defines the CUDA runtime functions CudaDevice calls, with
 // the signatures of the toolkit's own cuda_runtime_api.h; a test program
 // links it INSTEAD of libcudart. What it models (and checks):
-//   * devices: a count, a per-thread current device (cudaSetDevice), a
+//   * devices: a count, a per-thread current device (cudaSetDevice), the
+//     devices with a primary context (made by cudaSetDevice, as since
+//     CUDA 12, or by any call that works on the current device), a
 //     capacity per device shared by cudaMalloc and cuMemCreate, and
 //     cudaMemGetInfo's free/total from it;
 //   * the per-thread "last error" (cudaGetLastError) that a failing call
@@ -76,6 +78,12 @@ Counters counters();
 void fail_next(const std::string& function, int code, int skip = 0);
 // The entry-point query answers "symbol not found" for `symbol`.
 void hide_symbol(const std::string& symbol);
+// True once a call did work on `device` (or made it current with
+// cudaSetDevice, which since CUDA 12 creates the primary context).
+bool has_context(int device);
+// Sets the calling thread's current device without creating a context: a
+// fresh thread, whose current device is 0 whether or not 0 has a context.
+void set_thread_device_without_context(int device);
 // A CUDA graph is being captured (cudaStreamIsCapturing answers "active"
 // for every stream) until set_capturing(false).
 void set_capturing(bool on);

@@ -21,6 +21,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -79,7 +80,7 @@ void test_install() {
   // torch.accelerator reads c10::GetAllocator(kCUDA): ours too.
   CHECK(c10::GetAllocator(c10::DeviceType::CUDA) == static_cast<c10::Allocator*>(alloc()));
   CHECK(!alloc()->initialized());
-  alloc()->init(2);  // what CUDAHooks::init does
+  alloc()->init(3);  // what CUDAHooks::init does
   CHECK(alloc()->initialized());
   auto* before = alloc();
   renaissance::cuda::install(renaissance::ArenaConfig{});  // a no-op now
@@ -358,7 +359,7 @@ void test_cache_info_and_snapshot() {
   }
   std::sort(live.begin(), live.end());
   CHECK(live == (std::vector<std::size_t>{512, std::size_t(3 * MiB)}));
-  CHECK_EQ(snap.device_traces.size(), std::size_t(2));
+  CHECK_EQ(snap.device_traces.size(), std::size_t(3));
   std::size_t base_size = 0;
   CHECK(alloc()->getBaseAllocation(keep, &base_size) == keep);
   CHECK_EQ(base_size, std::size_t(3 * MiB));
@@ -393,11 +394,89 @@ void test_second_device_and_peers() {
   check_clean();
 }
 
+// A helper thread whose current device has no CUDA context (a process that
+// only uses cuda:1; the thread never chose a device) empties the cache: the
+// work on cuda:1 must not leave a context on the thread's device, and
+// PyTorch's view of the thread's device must not change.
+void test_no_context_on_the_callers_device() {
+  CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+  void* p = alloc()->raw_alloc(40 * MiB);
+  alloc()->raw_delete(p);
+  CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+  CHECK(reserved(1) > 0);
+  CHECK(!fake_cuda::has_context(2));
+  c10::DeviceIndex seen = -1;
+  std::thread t([&] {
+    fake_cuda::set_thread_device_without_context(2);
+    alloc()->emptyCache(kDefault);  // torch.cuda.empty_cache() from that thread
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&seen));
+  });
+  t.join();
+  CHECK_EQ(reserved(1), std::int64_t(0));
+  CHECK(!fake_cuda::has_context(2));
+  CHECK_EQ(static_cast<int>(seen), 2);
+  check_clean();
+}
+
+// MemPool(use_on_oom=True) lends its free blocks to an allocation outside it
+// that would otherwise run out of memory, as in PyTorch's allocator.
+void test_use_on_oom_pool_lends() {
+  const MempoolId_t m{0, 77};
+  alloc()->createOrIncrefPool(0, m, nullptr);
+  alloc()->setUseOnOOM(0, m, true);
+  begin(m);
+  void* big = alloc()->raw_alloc(300 * MiB);
+  alloc()->raw_delete(big);  // cached in the pool
+  alloc()->endAllocateToPool(0, m);
+  alloc()->releasePool(0, m);  // the end of use_mem_pool; the MemPool lives on
+  void* live = alloc()->raw_alloc(150 * MiB);
+  const auto ooms = stats().num_ooms;
+  void* q = alloc()->raw_alloc(250 * MiB);  // 300 + 150 + 250 > 512: only the pool has room
+  CHECK(q == big);
+  CHECK_EQ(stats().num_ooms, ooms);
+  alloc()->raw_delete(q);
+  // Without use_on_oom the same request fails.
+  alloc()->setUseOnOOM(0, m, false);
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(250 * MiB), "CUDA out of memory");
+  alloc()->raw_delete(live);
+  alloc()->releasePool(0, m);  // ~MemPool
+  alloc()->emptyCache(m);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 0);
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+  check_clean();
+}
+
+// Out-of-memory observers get PyTorch's arguments: (device, the failed
+// request, the limit or the device's total, free bytes).
+void test_oom_observer_arguments() {
+  static std::int64_t seen_device = -1;
+  static std::size_t seen_size = 0, seen_total = 0;
+  alloc()->attachOutOfMemoryObserver([](int64_t device, size_t size, size_t total, size_t) {
+    seen_device = device;
+    seen_size = size;
+    seen_total = total;
+  });
+  void* live = alloc()->raw_alloc(64 * MiB);
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(1024 * MiB), "CUDA out of memory");
+  CHECK_EQ(seen_device, std::int64_t(0));
+  CHECK_EQ(seen_size, std::size_t(1024 * MiB));
+  CHECK_EQ(seen_total, std::size_t(512 * MiB));
+  alloc()->setMemoryFraction(0.5, 0);
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(300 * MiB), "CUDA out of memory");
+  CHECK_EQ(seen_size, std::size_t(300 * MiB));
+  CHECK_EQ(seen_total, std::size_t(256 * MiB));  // the limit the fraction set
+  alloc()->setMemoryFraction(1.0, 0);
+  alloc()->raw_delete(live);
+  alloc()->emptyCache(kDefault);
+  check_clean();
+}
+
 }  // namespace
 
 int main() {
   fake_cuda::Config config;
-  config.devices = 2;
+  config.devices = 3;  // cuda:2 is never used: no context may appear on it
   config.capacity = std::size_t(512) << 20;
   fake_cuda::reset(config);
   const fake_cuda::TestList tests = {
@@ -412,6 +491,9 @@ int main() {
       {"memory_fraction", test_memory_fraction},
       {"cache_info_and_snapshot", test_cache_info_and_snapshot},
       {"second_device_and_peers", test_second_device_and_peers},
+      {"no_context_on_the_callers_device", test_no_context_on_the_callers_device},
+      {"use_on_oom_pool_lends", test_use_on_oom_pool_lends},
+      {"oom_observer_arguments", test_oom_observer_arguments},
   };
   return fake_cuda::run_tests(tests);
 }
