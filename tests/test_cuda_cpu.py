@@ -165,3 +165,34 @@ def test_auto_steps_leave_cuda_alone_until_it_is_initialized(monkeypatch):
         steps.stop()
     assert log[-1] == ("end", "cuda:1")
     assert all(name == "cuda:1" for _, name in log)  # cuda:0 was never touched
+
+
+def test_cuda_arena_calls_run_with_its_device_current(monkeypatch):
+    """get_arena('cuda:N') runs every call inside torch.cuda.device(N): the
+    arena's device calls find their device current, switched the way
+    PyTorch switches (no context left on the caller's device)."""
+    import contextlib
+
+    import torch
+
+    from torch_renaissance import _C
+
+    entered = []
+
+    @contextlib.contextmanager
+    def device(index):
+        entered.append(index)
+        yield
+
+    inner = _C.Arena(_C.HostDevice())
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(cuda, "_ext", lambda: type("Ext", (), {"cuda_arena": staticmethod(lambda i: inner)}))
+    a = cuda.arena(3)
+    assert repr(a) == "DeviceArena(cuda:3)" and a.index == 3
+    p = a.allocate(4096)
+    a.deallocate(p)
+    a.sync_point()
+    assert entered == [3, 3, 3]
+    assert a.in_step is False and a.rounding == inner.rounding  # properties pass through
+    assert entered == [3, 3, 3]
+    assert a.stats()["allocation"]["all"]["allocated"] == 1

@@ -223,6 +223,8 @@ _optimizer_hooks: list = []
 
 def _set_hint(on: bool) -> None:
     for kind in list(_installed):
+        if kind == "cuda" and not torch.cuda.is_initialized():
+            continue  # nothing allocated there yet (and no reason to initialize CUDA)
         try:
             get_arena(kind).set_persistent_hint(on)
         except (RuntimeError, AttributeError):

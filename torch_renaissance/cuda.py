@@ -83,8 +83,41 @@ def install(cfg: Any) -> None:
     C.cuda_install(**cfg.arena_kwargs())
 
 
-def arena(index: int):
-    """The arena (``torch_renaissance._C.Arena``) of ``cuda:index``, created on first use.
+class DeviceArena:
+    """The default arena of one CUDA device, every call made with that device current.
+
+    Wraps ``torch_renaissance._C.Arena`` (same methods and properties). Calls
+    that reach the device (events at ``sync_point`` / ``end_step``, giving
+    memory back in ``empty_cache``) need its device current; they run inside
+    ``torch.cuda.device(index)``, which switches the way PyTorch does and
+    creates no CUDA context on the caller's device when it switches back.
+    """
+
+    __slots__ = ("_arena", "index")
+
+    def __init__(self, arena: Any, index: int) -> None:
+        self._arena = arena
+        self.index = index
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._arena, name)
+        if not callable(attr):
+            return attr
+
+        def on_device(*args: Any, **kwargs: Any) -> Any:
+            with torch.cuda.device(self.index):
+                return attr(*args, **kwargs)
+
+        on_device.__name__ = name
+        on_device.__doc__ = getattr(attr, "__doc__", None)
+        return on_device
+
+    def __repr__(self) -> str:
+        return f"DeviceArena(cuda:{self.index})"
+
+
+def arena(index: int) -> DeviceArena:
+    """The default arena of ``cuda:index``, created on first use (see :class:`DeviceArena`).
 
     Args:
         index: the CUDA device index.
@@ -92,7 +125,7 @@ def arena(index: int):
     Raises:
         RuntimeError: CUDA is not usable or the device does not exist.
     """
-    return _ext().cuda_arena(int(index))
+    return DeviceArena(_ext().cuda_arena(int(index)), int(index))
 
 
 def vmm_status(index: int = 0) -> str:
