@@ -105,18 +105,28 @@ def max_memory_reserved(device: Any = None) -> int:
     return memory_stats_as_nested_dict(device)["reserved_bytes"]["all"]["peak"]
 
 
+def _apply(device: Any, torch_cuda_fn: str, arena_method: str) -> None:
+    """Calls ``torch.cuda.<torch_cuda_fn>`` for a CUDA device (it reaches every
+    arena of the device through the allocator), else the arena's method."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        import torch
+
+        fn = getattr(torch.cuda, torch_cuda_fn)
+        if torch_cuda_fn == "empty_cache":
+            fn()  # every device, as torch.cuda.empty_cache() does
+        else:
+            fn(dev.index)
+    else:
+        getattr(get_arena(dev), arena_method)()
+
+
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Sets every peak to its current value; current values do not change.
 
     For CUDA, ``torch.cuda.reset_peak_memory_stats`` (every arena of the device).
     """
-    dev = resolve_device(device)
-    if dev.type == "cuda":
-        import torch
-
-        torch.cuda.reset_peak_memory_stats(dev.index)
-    else:
-        get_arena(dev).reset_peak_stats()
+    _apply(device, "reset_peak_memory_stats", "reset_peak_stats")
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
@@ -124,13 +134,7 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 
     For CUDA, ``torch.cuda.reset_accumulated_memory_stats`` (every arena of the device).
     """
-    dev = resolve_device(device)
-    if dev.type == "cuda":
-        import torch
-
-        torch.cuda.reset_accumulated_memory_stats(dev.index)
-    else:
-        get_arena(dev).reset_accumulated_stats()
+    _apply(device, "reset_accumulated_memory_stats", "reset_accumulated_stats")
 
 
 def empty_cache(device: Any = None) -> None:
@@ -140,13 +144,7 @@ def empty_cache(device: Any = None) -> None:
     ``torch.cuda.empty_cache()``: every device, and the graph pools and
     MemPools that nothing uses any more.
     """
-    dev = resolve_device(device)
-    if dev.type == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
-    else:
-        get_arena(dev).empty_cache()
+    _apply(device, "empty_cache", "empty_cache")
 
 
 def fragmentation(peak_allocated: int, peak_reserved: int) -> float:
