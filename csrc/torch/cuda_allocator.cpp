@@ -507,9 +507,14 @@ void free_pointer(void* ptr, bool strict) {
                  "did not hand out\n", ptr);
     return;
   }
-  DeviceScope scope(static_cast<DeviceIndex>(o.device));
+  // A free makes no CUDA call (stream uses become pending; events come at
+  // boundaries), so the hot path and frees during interpreter exit need no
+  // device switch; destroying an idle pool gives memory back and does.
   o.arena->deallocate(ptr);
-  if (o.pool != kDefaultPool) release_pool_if_idle(o.device, o.pool);
+  if (o.pool != kDefaultPool) {
+    DeviceScope scope(static_cast<DeviceIndex>(o.device));
+    release_pool_if_idle(o.device, o.pool);
+  }
 }
 
 void delete_cuda(void* ptr) {
