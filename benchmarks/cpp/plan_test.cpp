@@ -50,6 +50,7 @@
 #include "core/planner_bound.h"
 #include "core/planner_instance.h"
 #include "core/planner_search.h"
+#include "core/planner_obstacles.h"
 
 namespace {
 
@@ -373,6 +374,7 @@ void test_edges() {
 
 Problem obstacle_problem(Gen& g, int n, std::int64_t horizon, bool cyclic, int fixed,
                          std::uint64_t align);
+std::uint64_t brute_optimum(const Problem& p);
 
 void test_determinism() {
   Gen g(3);
@@ -404,29 +406,9 @@ void test_search_exact(int iterations) {
     const Problem p = g.problem(static_cast<int>(g.uni(2, 7)), g.uni(2, 10), it % 3 == 0, 0, 0);
     const d::Instance inst(p);
     if (inst.num_free < 2) continue;
-    std::vector<std::size_t> perm;
-    for (std::size_t i = 0; i < p.buffers.size(); ++i) {
-      if (p.buffers[i].size > 0) perm.push_back(i);
-    }
-    std::vector<std::vector<std::int64_t>> t(p.buffers.size());
-    for (std::size_t i = 0; i < p.buffers.size(); ++i) {
-      t[i] = ticks_of(p.buffers[i].lower, p.buffers[i].upper, p.period);
-    }
-    std::uint64_t best = std::numeric_limits<std::uint64_t>::max();
-    do {
-      std::vector<std::uint64_t> off(p.buffers.size(), 0);
-      std::uint64_t h = 0;
-      for (std::size_t k = 0; k < perm.size(); ++k) {
-        std::uint64_t o = 0;
-        for (std::size_t j = 0; j < k; ++j) {
-          if (share_tick(t[perm[k]], t[perm[j]])) o = std::max(o, off[perm[j]] + p.buffers[perm[j]].size);
-        }
-        off[perm[k]] = o;
-        h = std::max(h, o + p.buffers[perm[k]].size);
-      }
-      best = std::min(best, h);
-    } while (std::next_permutation(perm.begin(), perm.end()));
-    d::CanonicalSearch search(inst);
+    const std::uint64_t best = brute_optimum(p);
+    const d::ObstacleMap map(inst);
+    d::CanonicalSearch search(inst, map);
     std::vector<std::uint32_t> order(inst.num_free);
     std::iota(order.begin(), order.end(), 0u);
     std::shuffle(order.begin(), order.end(), g.rng);
@@ -587,7 +569,8 @@ void test_obstacle_exact(int iterations) {
           static_cast<unsigned long long>(bound), static_cast<unsigned long long>(best), it);
     tight += bound == best;
     above_load += bound > inst.load;
-    d::CanonicalSearch search(inst);
+    const d::ObstacleMap map(inst);
+    d::CanonicalSearch search(inst, map);
     std::vector<std::uint32_t> order(inst.num_free);
     std::iota(order.begin(), order.end(), 0u);
     std::shuffle(order.begin(), order.end(), g.rng);

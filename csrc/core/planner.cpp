@@ -394,8 +394,9 @@ Result plan(const Problem& problem, const Options& options) {
   Work work(limit, units / kUnitsPerSecond * kCapFactor + kCapMargin);
   // First LOAD and the fixed top (with obstacles merged: the cheap part of
   // planner_bound.h, on an empty budget).
+  const detail::ObstacleMap map(inst);
   Work no_work = work.child(0);
-  std::uint64_t lower_bound = detail::lower_bound(inst, &no_work);
+  std::uint64_t lower_bound = detail::lower_bound(inst, map, &no_work);
 
   // The baseline, best fit by decreasing size. On a large instance it may
   // not finish within the work limit: then the sweep (planner_sweep.h, about
@@ -431,7 +432,7 @@ Result plan(const Problem& problem, const Options& options) {
   // weaker).
   if (std::max(best.height, inst.fixed_top) > lower_bound && inst.num_items > inst.num_free) {
     Work bound_work = work.child(work.left() / 4);
-    lower_bound = std::max(lower_bound, detail::lower_bound(inst, &bound_work));
+    lower_bound = std::max(lower_bound, detail::lower_bound(inst, map, &bound_work));
     work.absorb(bound_work);
   }
 
@@ -443,7 +444,7 @@ Result plan(const Problem& problem, const Options& options) {
   if (options.budget_seconds > 0 && greedy_done &&
       std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
     const bool obstacles =
-        inst.num_items > inst.num_free && detail::ObstacleMap(inst).has_gaps();
+        inst.num_items > inst.num_free && map.has_gaps();
     bool search = inst.num_free <= kSearchMaxItems;
     if (search) {
       std::uint64_t ticks = 0;
@@ -457,7 +458,7 @@ Result plan(const Problem& problem, const Options& options) {
       if (search) {
         Work share = work.child(
             static_cast<std::uint64_t>(static_cast<double>(work.left()) * kObstacleSearchShare));
-        detail::search_small(inst, lower_bound, options.seed, share, best.height, best.offsets,
+        detail::search_small(inst, map, lower_bound, options.seed, share, best.height, best.offsets,
                              best.method);
         work.absorb(share);
       }
@@ -465,7 +466,7 @@ Result plan(const Problem& problem, const Options& options) {
                            best.method);
     } else {
       if (search) {
-        detail::search_small(inst, lower_bound, options.seed, work, best.height, best.offsets,
+        detail::search_small(inst, map, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
       }
       detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,

@@ -162,10 +162,9 @@ std::uint64_t top_bin(const std::vector<std::pair<std::uint64_t, std::uint64_t>>
 
 }  // namespace
 
-std::uint64_t lower_bound(const Instance& inst, Work* work) {
+std::uint64_t lower_bound(const Instance& inst, const ObstacleMap& map, Work* work) {
   if (inst.num_free == 0) return inst.fixed_top;
   if (inst.num_items == inst.num_free) return inst.load;
-  const ObstacleMap map(inst);
   if (map.empty()) return std::max(inst.load, inst.fixed_top);
   const std::int32_t T = inst.ticks;
   // Live bytes of free buffers per tick (inst.live also counts the
@@ -179,14 +178,8 @@ std::uint64_t lower_bound(const Instance& inst, Work* work) {
     items[p.lo] += inst.size[p.item];
     items[p.hi] -= inst.size[p.item];  // wraps; the prefix sum below fixes it
   }
-  std::uint64_t bound = inst.fixed_top;
-  for (std::int32_t t = 0; t < T; ++t) {
-    if (t > 0) items[t] += items[t - 1];
-    const std::uint32_t profile = map.profile(t);
-    const std::uint64_t fixed =
-        profile == ObstacleMap::kNone ? 0 : map.bytes(profile, 0, map.top(profile));
-    bound = std::max(bound, items[t] + fixed);  // LOAD, obstacles merged
-  }
+  std::uint64_t bound = std::max(inst.load, inst.fixed_top);
+  for (std::int32_t t = 1; t < T; ++t) items[t] += items[t - 1];
   if (work != nullptr) work->add(4 * inst.pieces.size() + static_cast<std::uint64_t>(T));
   // Ticks that may raise the bound, most promising first (optimistic
   // estimate: the obstacles' top plus every live buffer on top of it). They

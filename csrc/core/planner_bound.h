@@ -23,12 +23,16 @@
 
 #include "core/planner_greedy.h"
 #include "core/planner_instance.h"
+#include "core/planner_obstacles.h"
 
 namespace renaissance::planner::detail {
 
 // max(LOAD, fixed top, per-tick gap bound); see above. With `work`, the
 // evaluation is charged to it and stops (still a valid bound, only weaker)
 // once it is spent.
-std::uint64_t lower_bound(const Instance& inst, Work* work = nullptr);
+std::uint64_t lower_bound(const Instance& inst, const ObstacleMap& map, Work* work = nullptr);
+inline std::uint64_t lower_bound(const Instance& inst, Work* work = nullptr) {
+  return lower_bound(inst, ObstacleMap(inst), work);
+}
 
 }  // namespace renaissance::planner::detail

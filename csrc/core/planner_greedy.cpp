@@ -241,8 +241,6 @@ std::uint64_t height(const Instance& inst, const std::vector<std::uint64_t>& off
   return h;
 }
 
-namespace {
-
 // Max of inst.live over each item's pieces, with a sparse table.
 std::vector<std::uint64_t> pressures(const Instance& inst) {
   const std::int32_t T = inst.ticks;
@@ -265,6 +263,8 @@ std::vector<std::uint64_t> pressures(const Instance& inst) {
   }
   return out;
 }
+
+namespace {
 
 std::int32_t first_tick(const Instance& inst, std::uint32_t item) {
   std::int32_t t = inst.ticks;

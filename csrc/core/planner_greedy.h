@@ -161,5 +161,7 @@ enum class Order {
   kPressureArea,  // pressure desc, then area desc
 };
 std::vector<std::uint32_t> make_order(const Instance& inst, Order order);
+// Per free item: max of inst.live over its pieces.
+std::vector<std::uint64_t> pressures(const Instance& inst);
 
 }  // namespace renaissance::planner::detail

@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "core/planner_bound.h"
+#include "core/planner_obstacles.h"
 #include "core/planner_search.h"
 
 namespace renaissance::planner::detail {
@@ -356,7 +357,8 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
       // A slice of what is left; the search stops earlier when it reaches
       // the sub-problem's bound.
       Work child = work.child(std::max<std::uint64_t>(work.left() / 6, 4000000));
-      const std::uint64_t sub_lb = detail::lower_bound(sub_inst, &child);
+      const ObstacleMap sub_map(sub_inst);
+      const std::uint64_t sub_lb = detail::lower_bound(sub_inst, sub_map, &child);
       if (sub_lb < height) {
         sub_offs = initial_offsets(sub_inst);
         for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
@@ -378,7 +380,7 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
           }
         }
         if (sub_h > sub_lb && !child.out()) {
-          search_small(sub_inst, sub_lb, mix(rng), child, sub_h, sub_offs, sub_method);
+          search_small(sub_inst, sub_map, sub_lb, mix(rng), child, sub_h, sub_offs, sub_method);
         }
         if (sub_h < height) {
           for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {

@@ -13,8 +13,8 @@
 
 namespace renaissance::planner::detail {
 
-CanonicalSearch::CanonicalSearch(const Instance& inst)
-    : inst_(inst), n_(inst.num_free), ticks_(inst.ticks), map_(inst) {
+CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
+    : inst_(inst), n_(inst.num_free), ticks_(inst.ticks), map_(map) {
   overlaps_.resize(n_);
   obstacles_.resize(n_);
   section_items_.resize(static_cast<std::size_t>(ticks_));
@@ -419,22 +419,16 @@ std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std:
   return ids;
 }
 
-void search_small(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed,
-                  Work& work, std::uint64_t& height, std::vector<std::uint64_t>& offsets,
-                  std::string& method) {
+void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lower_bound,
+                  std::uint64_t seed, Work& work, std::uint64_t& height,
+                  std::vector<std::uint64_t>& offsets, std::string& method) {
   const std::uint32_t n = inst.num_free;
   if (n == 0 || height <= lower_bound) return;
-  CanonicalSearch search(inst);
+  CanonicalSearch search(inst, map);
   // Building it costs about a unit per (buffer, obstacle) pair overlapping
   // in time (buffer pairs are bounded by the instance size limit).
   work.add(search.obstacle_pairs());
-  std::vector<std::uint64_t> total(n, 0);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
-      const Piece& p = inst.pieces[k];
-      for (std::int32_t t = p.lo; t < p.hi; ++t) total[i] = std::max(total[i], inst.live[t]);
-    }
-  }
+  const std::vector<std::uint64_t> total = pressures(inst);
   work.add(static_cast<std::uint64_t>(inst.pieces.size()) * 4 + n);
   std::uint64_t rng = seed ^ 0x5eed5eed5eedull;
   static constexpr const char* kKeys[] = {"WAT", "TAW", "TWA", "ZWA", "AWT"};

@@ -41,7 +41,7 @@ class CanonicalSearch {
  public:
   enum class Status { kFound, kInfeasible, kAborted };
 
-  explicit CanonicalSearch(const Instance& inst);
+  CanonicalSearch(const Instance& inst, const ObstacleMap& map);
 
   // Looks for a plan of height <= capacity. `preorder` lists the free items
   // (tie-break order). On kFound, `offsets` holds the plan (fixed included).
@@ -51,7 +51,6 @@ class CanonicalSearch {
 
   // (Free piece, fixed piece) pairs overlapping in time, seen when built.
   std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
-  // Pairwise overlaps among free items (built once, O(pairs)).
 
  private:
   struct Cand {
@@ -91,7 +90,7 @@ class CanonicalSearch {
   std::vector<std::vector<std::uint32_t>> overlaps_;      // free-free
   std::vector<std::vector<Span>> obstacles_;              // per item, merged
   std::vector<std::vector<std::uint32_t>> section_items_; // per tick
-  ObstacleMap map_;                     // obstacles per tick
+  const ObstacleMap& map_;              // obstacles per tick
   std::uint32_t classes_ = 1;           // size classes (1 without obstacles)
   std::vector<std::uint32_t> class_;    // per free item
 
@@ -141,8 +140,8 @@ class CanonicalSearch {
 std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std::uint64_t>& total,
                                     const char* keys, double noise, std::uint64_t& rng);
 
-void search_small(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed,
-                  Work& work, std::uint64_t& height, std::vector<std::uint64_t>& offsets,
-                  std::string& method);
+void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lower_bound,
+                  std::uint64_t seed, Work& work, std::uint64_t& height,
+                  std::vector<std::uint64_t>& offsets, std::string& method);
 
 }  // namespace renaissance::planner::detail
