@@ -257,7 +257,7 @@ def worker(kind: str, part: str, device: str, sizes: list, threads: int = 0) -> 
                         t.data = t.data.pin_memory()  # as the ModelSlots sources
                     sync(torch, dev)
                     t0 = time.perf_counter()
-                    h.to(dev)
+                    c = h.to(dev)  # the same module, moved
                     sync(torch, dev)
                 fresh.append(time.perf_counter() - t0)
                 del c
