@@ -223,12 +223,12 @@ _optimizer_hooks: list = []
 
 def _set_hint(on: bool) -> None:
     for kind in list(_installed):
-        if kind == "cuda" and not torch.cuda.is_initialized():
-            continue  # nothing allocated there yet (and no reason to initialize CUDA)
         try:
-            get_arena(kind).set_persistent_hint(on)
-        except (RuntimeError, AttributeError):
-            pass  # a device without an arena yet: nothing was recorded there
+            arena = active_arena(kind)
+        except RuntimeError:  # CUDA initialized but unusable: nothing to hint
+            continue
+        if arena is not None:
+            arena.set_persistent_hint(on)
 
 
 def _hint_optimizer_state() -> None:
@@ -302,6 +302,20 @@ def installed_device(device: Any = None) -> "torch.device":
         raise RuntimeError(f"torch_renaissance is not installed for '{dev.type}': call "
                            f"torch_renaissance.install('{dev.type}') first")
     return dev
+
+
+def active_arena(device: Any):
+    """The arena of ``device`` if it may hold allocations, else None: a CUDA
+    arena only once CUDA is initialized (before that nothing was allocated
+    there, and looking it up would initialize CUDA, e.g. before a script run
+    by ``torch-renaissance run --cuda`` picked its device).
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for ``device``.
+    """
+    if installed_device(device).type == "cuda" and not torch.cuda.is_initialized():
+        return None
+    return get_arena(device)
 
 
 def get_arena(device: Any = None):

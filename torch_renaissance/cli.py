@@ -103,11 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The first interval runs from the install to the first optimizer step:
         # imports, model building, the first step. Steps are counted from it,
         # the mean step time without it.
-        import torch
-
         # CUDA: the device the script left current; nothing to report when
         # the script never initialized CUDA.
-        used = [d for d in devices if d != "cuda" or torch.cuda.is_initialized()]
+        used = [d for d in devices if tr.allocator.active_arena(d) is not None]
         if len(used) < len(devices):
             print("torch-renaissance run: the script did not use CUDA; no CUDA report",
                   file=sys.stderr)

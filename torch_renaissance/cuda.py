@@ -116,6 +116,9 @@ class DeviceArena:
         return f"DeviceArena(cuda:{self.index})"
 
 
+_arenas: dict = {}  # device index -> DeviceArena (the C++ arena lives for the process)
+
+
 def arena(index: int) -> DeviceArena:
     """The default arena of ``cuda:index``, created on first use (see :class:`DeviceArena`).
 
@@ -125,7 +128,14 @@ def arena(index: int) -> DeviceArena:
     Raises:
         RuntimeError: CUDA is not usable or the device does not exist.
     """
-    return DeviceArena(_ext().cuda_arena(int(index)), int(index))
+    index = int(index)
+    a = _arenas.get(index)
+    if a is None:
+        with _lock:
+            a = _arenas.get(index)
+            if a is None:
+                a = _arenas[index] = DeviceArena(_ext().cuda_arena(index), index)
+    return a
 
 
 def vmm_status(index: int = 0) -> str:

@@ -18,7 +18,9 @@ are planned.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import torch
 
 from torch_renaissance.allocator import get_arena, resolve_device
 
@@ -40,8 +42,6 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict:
     dev = resolve_device(device)
     nested = get_arena(dev).stats()
     if dev.type == "cuda":
-        import torch
-
         # {} until CUDA is initialized: the arena's (all zero) numbers stay.
         for key, value in torch.cuda.memory_stats_as_nested_dict(dev.index).items():
             if key in nested:
@@ -105,20 +105,14 @@ def max_memory_reserved(device: Any = None) -> int:
     return memory_stats_as_nested_dict(device)["reserved_bytes"]["all"]["peak"]
 
 
-def _apply(device: Any, torch_cuda_fn: str, arena_method: str) -> None:
-    """Calls ``torch.cuda.<torch_cuda_fn>`` for a CUDA device (it reaches every
-    arena of the device through the allocator), else the arena's method."""
+def _apply(device: Any, on_cuda: Callable[[int], None], on_arena: Callable[[Any], None]) -> None:
+    """``on_cuda(index)`` for a CUDA device (through ``torch.cuda``, which reaches
+    every arena of the device), else ``on_arena(arena)``."""
     dev = resolve_device(device)
     if dev.type == "cuda":
-        import torch
-
-        fn = getattr(torch.cuda, torch_cuda_fn)
-        if torch_cuda_fn == "empty_cache":
-            fn()  # every device, as torch.cuda.empty_cache() does
-        else:
-            fn(dev.index)
+        on_cuda(dev.index)
     else:
-        getattr(get_arena(dev), arena_method)()
+        on_arena(get_arena(dev))
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
@@ -126,7 +120,7 @@ def reset_peak_memory_stats(device: Any = None) -> None:
 
     For CUDA, ``torch.cuda.reset_peak_memory_stats`` (every arena of the device).
     """
-    _apply(device, "reset_peak_memory_stats", "reset_peak_stats")
+    _apply(device, lambda i: torch.cuda.reset_peak_memory_stats(i), lambda a: a.reset_peak_stats())
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
@@ -134,7 +128,8 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 
     For CUDA, ``torch.cuda.reset_accumulated_memory_stats`` (every arena of the device).
     """
-    _apply(device, "reset_accumulated_memory_stats", "reset_accumulated_stats")
+    _apply(device, lambda i: torch.cuda.reset_accumulated_memory_stats(i),
+           lambda a: a.reset_accumulated_stats())
 
 
 def empty_cache(device: Any = None) -> None:
@@ -144,7 +139,7 @@ def empty_cache(device: Any = None) -> None:
     ``torch.cuda.empty_cache()``: every device, and the graph pools and
     MemPools that nothing uses any more.
     """
-    _apply(device, "empty_cache", "empty_cache")
+    _apply(device, lambda i: torch.cuda.empty_cache(), lambda a: a.empty_cache())
 
 
 def fragmentation(peak_allocated: int, peak_reserved: int) -> float:

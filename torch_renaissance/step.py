@@ -20,7 +20,7 @@ import time
 import weakref
 from typing import Any, Callable, Hashable, Iterator, List, Optional, TypeVar
 
-from torch_renaissance.allocator import get_arena, installed_device
+from torch_renaissance.allocator import active_arena, get_arena, installed_device, is_installed
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,20 +103,11 @@ class _AutoSteps:
         self._handle = None
         self._marker: Optional[weakref.ref] = None
 
-    def _arenas_now(self) -> List[Any]:
-        import torch
-
-        out = []
-        for d in self.devices:
-            if d.type == "cuda" and not torch.cuda.is_initialized():
-                continue  # nothing allocated there yet; the next boundary looks again
-            out.append(get_arena(d))
-        return out
-
     def _begin(self) -> None:
         self.open = []
-        for a in self._arenas_now():
-            if not a.in_step:
+        for d in self.devices:
+            a = active_arena(d)  # CUDA: none until initialized; the next boundary looks again
+            if a is not None and not a.in_step:
                 a.begin_step()
                 self.open.append(a)
 
@@ -140,19 +131,20 @@ class _AutoSteps:
         now = time.perf_counter()
         self.times.append(now - self._last)
         self._last = now
+        self._end()
+        self._begin()
+
+    def _end(self) -> None:
         for a in self.open:
             if a.in_step:
                 a.end_step()
-        self._begin()
+        self.open = []
 
     def stop(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        for a in self.open:
-            if a.in_step:
-                a.end_step()
-        self.open = []
+        self._end()
 
 
 _auto: Optional[_AutoSteps] = None
@@ -170,10 +162,8 @@ def auto_steps(devices: Optional[List[Any]] = None) -> _AutoSteps:
     """
     global _auto
     if _auto is None:
-        from torch_renaissance import allocator
-
         if devices is None:
-            devices = [d for d in ("cpu", "cuda") if allocator.is_installed(d)]
+            devices = [d for d in ("cpu", "cuda") if is_installed(d)]
         _auto = _AutoSteps(devices)
         _auto.start()
     return _auto
