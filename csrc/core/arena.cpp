@@ -122,26 +122,24 @@ void Arena::set_max_reserved_bytes(std::size_t bytes) {
 void* Arena::allocate(std::size_t size, StreamId stream) {
   if (size == 0) return nullptr;
   Op g(*this);
-  return allocate_locked(size, stream);
+  if (void* p = allocate_locked(size, stream)) return p;
+  raise_oom_locked(size,
+                   size > kMaxRequest ? "the size is beyond what any device can hold" : nullptr);
 }
 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0) return nullptr;
   Op g(*this);
-  try {
-    return allocate_locked(size, stream);
-  } catch (const OutOfMemoryError&) {
-    --stats_.num_ooms;  // not an out-of-memory error the caller sees
-    return nullptr;
-  }
+  return allocate_locked(size, stream);
 }
 
 void* Arena::allocate_locked(std::size_t size, StreamId stream) {
-  if (size > kMaxRequest) raise_oom_locked(size, "the size is beyond what any device can hold");
+  if (size > kMaxRequest) return nullptr;
   const std::size_t rounded = round_up(size, unit_);
   Block* b = nullptr;
   if (steps_) b = steps_->place(size, rounded, stream);
   if (!b) b = allocate_dynamic_locked(size, rounded, stream);
+  if (!b) return nullptr;
   if (steps_) steps_->on_allocated(b);
   return b->ptr;
 }
@@ -351,7 +349,7 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
       release_cached_locked();
       continue;
     }
-    raise_oom_locked(requested, nullptr);
+    return nullptr;
   }
 }
 
@@ -459,13 +457,16 @@ std::size_t Arena::limit_reserved_locked() const {
   return static_cast<std::size_t>(std::max<std::int64_t>(reserved, 0));
 }
 
+bool Arena::over_limit_locked(std::size_t bytes) const {
+  const std::size_t limit = config_.max_reserved_bytes;
+  if (!limit) return false;
+  const std::size_t reserved = limit_reserved_locked();
+  return reserved > limit || bytes > limit - reserved;
+}
+
 bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
   if (bytes > seg->capacity - seg->size) return false;
-  const std::size_t reserved = limit_reserved_locked();
-  if (config_.max_reserved_bytes &&
-      (reserved > config_.max_reserved_bytes || bytes > config_.max_reserved_bytes - reserved)) {
-    return false;
-  }
+  if (over_limit_locked(bytes)) return false;
   if (!device_->map(seg->base + seg->size, bytes)) return false;
   ++stats_.num_device_alloc;
   if (seg->size == 0) stats_.add(stats_.segment, seg->pool, 1);
@@ -518,13 +519,8 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   } else {
     bytes = round_up(rounded, config_.round_large);
   }
-  const std::size_t reserved = limit_reserved_locked();
-  auto over = [&](std::size_t b) {
-    return config_.max_reserved_bytes &&
-           (reserved > config_.max_reserved_bytes || b > config_.max_reserved_bytes - reserved);
-  };
-  if (over(bytes) && pool == PoolKind::kLarge) bytes = rounded;  // last resort: exact
-  if (over(bytes)) return nullptr;
+  if (over_limit_locked(bytes) && pool == PoolKind::kLarge) bytes = rounded;  // last resort: exact
+  if (over_limit_locked(bytes)) return nullptr;
   void* p = device_->reserve(bytes);
   if (!p) return nullptr;
   ++stats_.num_device_alloc;
@@ -1057,10 +1053,9 @@ void Arena::check_invariants() const {
     fail("inactive_split disagrees with the blocks");
   }
   if (s.pending_bytes.current != pending) fail("pending_bytes disagrees with the blocks");
-  for (const StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
-                             &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                             &s.inactive_split_bytes, &s.requested_bytes}) {
-    if ((*a)[0].current != (*a)[1].current + (*a)[2].current) fail("pool stats do not add up");
+  for (auto m : detail::kStatArrays) {
+    const StatArray& a = s.*m;
+    if (a[0].current != a[1].current + a[2].current) fail("pool stats do not add up");
   }
   if (s.stat_underflows) fail("a stat went negative");
 }

@@ -208,7 +208,6 @@ class Arena {
   void set_capturing(bool capturing);
 
   Device& device() { return *device_; }
-  const ArenaConfig& config() const { return config_; }
   std::size_t rounding() const { return unit_; }
 
  private:
@@ -216,11 +215,13 @@ class Arena {
   class Op;
   void publish_locked() noexcept;
 
+  // nullptr where allocate() raises OutOfMemoryError (after the retries).
   void* allocate_locked(std::size_t size, StreamId stream);
 
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
-  Block* allocate_dynamic_locked(std::size_t requested, std::size_t rounded, StreamId stream);
+  Block* allocate_dynamic_locked(std::size_t requested, std::size_t rounded,
+                                 StreamId stream);  // nullptr: out of memory
   Block* find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded);
   Block* take_locked(Block* b, std::size_t rounded);  // b is free and unindexed
   bool grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
@@ -235,6 +236,7 @@ class Arena {
   // arena of the stats group, as PyTorch's memory fraction counts) or this
   // arena's when it has no group.
   std::size_t limit_reserved_locked() const;
+  bool over_limit_locked(std::size_t bytes) const;  // growth by `bytes` passes max_reserved_bytes
   void trim_tail_locked(Segment* seg);
   void release_segment_locked(Segment* seg);
   std::size_t release_cached_locked();

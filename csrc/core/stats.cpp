@@ -10,11 +10,11 @@ namespace renaissance {
 
 
 void DeviceStats::reset_peak() {
-  for_each_stat(*this, *this, [](Stat& st, Stat&) { st.reset_peak(); });
+  for_each_stat([](Stat& st) { st.reset_peak(); }, *this);
 }
 
 void DeviceStats::reset_accumulated() {
-  for_each_stat(*this, *this, [](Stat& st, Stat&) { st.reset_accumulated(); });
+  for_each_stat([](Stat& st) { st.reset_accumulated(); }, *this);
   num_alloc_retries = num_ooms = num_sync_all_streams = 0;
   num_device_alloc = num_device_free = 0;
   events_recorded = event_queries = 0;
@@ -22,17 +22,19 @@ void DeviceStats::reset_accumulated() {
 
 void StatsGroup::publish(const DeviceStats& now, DeviceStats& published) {
   std::lock_guard<std::mutex> g(mu_);
-  for_each_stat(totals_, now, published, [](Stat& t, const Stat& n, Stat& p) {
-    if (n.current == p.current) return;
-    t.current += n.current - p.current;
-    if (t.current > t.peak) t.peak = t.current;
-    p.current = n.current;
-  });
+  for_each_stat(
+      [](Stat& t, const Stat& n, Stat& p) {
+        if (n.current == p.current) return;
+        t.current += n.current - p.current;
+        if (t.current > t.peak) t.peak = t.current;
+        p.current = n.current;
+      },
+      totals_, now, published);
 }
 
 void StatsGroup::withdraw(const DeviceStats& published) {
   std::lock_guard<std::mutex> g(mu_);
-  for_each_stat(totals_, published, [](Stat& t, const Stat& p) { t.current -= p.current; });
+  for_each_stat([](Stat& t, const Stat& p) { t.current -= p.current; }, totals_, published);
 }
 
 DeviceStats StatsGroup::totals() const {

@@ -90,23 +90,14 @@ inline constexpr Stat DeviceStats::*kStats[] = {
     &DeviceStats::pending_bytes};
 }  // namespace detail
 
-// Calls f(a.x, b.x) for every Stat x of two DeviceStats (the StatArrays
+// Calls f(s.x...) for every Stat x of the DeviceStats s... (the StatArrays
 // element by element, then oversize_* and pending_bytes).
-template <typename A, typename B, typename F>
-void for_each_stat(A& a, B& b, F f) {
+template <typename F, typename... S>
+void for_each_stat(F f, S&... s) {
   for (auto m : detail::kStatArrays) {
-    for (std::size_t i = 0; i < 3; ++i) f((a.*m)[i], (b.*m)[i]);
+    for (std::size_t i = 0; i < 3; ++i) f((s.*m)[i]...);
   }
-  for (auto m : detail::kStats) f(a.*m, b.*m);
-}
-
-// The same over three DeviceStats: f(a.x, b.x, c.x).
-template <typename A, typename B, typename C, typename F>
-void for_each_stat(A& a, B& b, C& c, F f) {
-  for (auto m : detail::kStatArrays) {
-    for (std::size_t i = 0; i < 3; ++i) f((a.*m)[i], (b.*m)[i], (c.*m)[i]);
-  }
-  for (auto m : detail::kStats) f(a.*m, b.*m, c.*m);
+  for (auto m : detail::kStats) f(s.*m...);
 }
 
 // Device-wide current and peak values of several arenas that share one

@@ -425,12 +425,7 @@ void StepPlanner::plan_step(std::vector<std::size_t> sizes) {
 }
 
 StepRecord StepPlanner::last_step() const {
-  StepRecord r;
-  if (!last_) return r;
-  r.step = last_->step;
-  r.end_time = last_->end_time;
-  r.entries = last_->entries;
-  return r;
+  return last_ ? StepRecord(*last_) : StepRecord{};
 }
 
 PlanStats StepPlanner::stats() const {

@@ -60,10 +60,7 @@ class StepPlanner {
   const std::vector<std::uint64_t>& last_offsets() const { return last_offsets_; }
 
  private:
-  struct StepTrace {
-    std::uint64_t step = 0;
-    std::vector<TraceRecord> entries;  // sizes rounded; free_time -1: live at the end
-    std::int64_t end_time = 0;
+  struct StepTrace : StepRecord {  // entries' sizes rounded; free_time -1: live at the end
     std::vector<std::pair<std::int64_t, std::int64_t>> livein_frees;  // (prev seq, time)
     std::vector<std::int64_t> later_frees;  // its seqs freed after it ended, before its key's next step
   };

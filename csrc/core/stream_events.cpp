@@ -45,7 +45,6 @@ std::size_t PendingGroups::seal_all() {
     }
     ++recorded;
     sealed_[it->first].push_back(SealedGroup{e, std::move(it->second)});
-    ++sealed_count_;
     it = open_.erase(it);
   }
   return recorded;
@@ -56,7 +55,6 @@ void PendingGroups::finish(SealedGroup& g, std::vector<Block*>& out) {
     if (--b->pending_on == 0) out.push_back(b);
   }
   g.blocks.clear();
-  --sealed_count_;
 }
 
 std::vector<Block*> PendingGroups::release_completed(std::int64_t& queries) {

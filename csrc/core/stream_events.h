@@ -69,8 +69,7 @@ class PendingGroups {
 
   // Adds a freed block with stream uses to the open group of each use.
   void add(Block* block, Region region);
-  bool empty() const { return open_.empty() && sealed_count_ == 0; }
-  std::size_t sealed_groups() const { return sealed_count_; }
+  bool empty() const { return open_.empty() && sealed_.empty(); }
 
   // Boundary: records one event per open group. Returns events recorded.
   std::size_t seal_all();
@@ -95,7 +94,6 @@ class PendingGroups {
   EventPool& events_;
   std::map<GroupKey, std::vector<Block*>> open_;
   std::map<GroupKey, std::deque<SealedGroup>> sealed_;
-  std::size_t sealed_count_ = 0;
 };
 
 }  // namespace renaissance

@@ -66,7 +66,7 @@ void add_stat(Stat& into, const Stat& s) {
 }
 
 void add_stats(DeviceStats& into, const DeviceStats& s) {
-  for_each_stat(into, s, [](Stat& a, const Stat& b) { add_stat(a, b); });
+  for_each_stat(add_stat, into, s);
   into.add_counters(s);
 }
 
@@ -74,10 +74,12 @@ void add_stats(DeviceStats& into, const DeviceStats& s) {
 // so everything it allocated counts as freed (its peaks live on in the
 // device's StatsGroup).
 void retire_stats(DeviceStats& into, const DeviceStats& s) {
-  for_each_stat(into, s, [](Stat& a, const Stat& b) {
-    a.allocated += b.allocated;
-    a.freed += b.freed + b.current;
-  });
+  for_each_stat(
+      [](Stat& a, const Stat& b) {
+        a.allocated += b.allocated;
+        a.freed += b.freed + b.current;
+      },
+      into, s);
   into.add_counters(s);
   into.num_device_free += s.segment[0].current;  // its segments are freed with it
 }
@@ -248,7 +250,7 @@ class DeviceState {
     for (auto& [id, p] : pools) add_stats(s, p.arena->stats());
     add_stats(s, retired);
     const DeviceStats totals = group->totals();
-    for_each_stat(s, totals, [](Stat& a, const Stat& t) { a.peak = std::max(t.peak, a.current); });
+    for_each_stat([](Stat& a, const Stat& t) { a.peak = std::max(t.peak, a.current); }, s, totals);
     return s;
   }
 
