@@ -52,23 +52,14 @@ def _sources(with_cuda: bool) -> list[str]:
 
 def _extension():
     with_cuda = _want_cuda()
-    cxx = ["-O2", "-std=c++17", "-Wall", "-Wextra", "-fvisibility=hidden"]
-    macros = []
-    if with_cuda:
-        macros.append(("TR_WITH_CUDA", "1"))
-        return cpp_extension.CUDAExtension(
-            "torch_renaissance._C",
-            _sources(True),
-            include_dirs=[os.path.join(ROOT, "csrc")],
-            define_macros=macros,
-            extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]},
-        )
-    return cpp_extension.CppExtension(
+    ext = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
+    return ext(
         "torch_renaissance._C",
-        _sources(False),
+        _sources(with_cuda),
         include_dirs=[os.path.join(ROOT, "csrc")],
-        define_macros=macros,
-        extra_compile_args={"cxx": cxx},
+        define_macros=[("TR_WITH_CUDA", "1")] if with_cuda else [],
+        extra_compile_args={"cxx": ["-O2", "-std=c++17", "-Wall", "-Wextra",
+                                    "-fvisibility=hidden"]},
     )
 
 

@@ -210,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         f.write(SMOKE_MAIN)
     base = [CXX, "-std=c++17", "-O1", "-fPIC", *WARN, f"-I{CSRC}", f"-I{cuda_inc}"]
     jobs = []
+    obj_of: dict[str, str] = {}
     for src in core + [os.path.relpath(main_src, ROOT)] + FAKE:
-        obj = os.path.join(BUILD, os.path.basename(src).replace(".cpp", ".o"))
+        obj = obj_of[src] = os.path.join(BUILD, os.path.basename(src).replace(".cpp", ".o"))
         strict = ["-Werror"] if src in STRICT else []
         extra = [f"-I{os.path.join(ROOT, 'tests', 'cuda_fake')}"] if src in FAKE else []
         jobs.append((obj, base + strict + extra + ["-c", src, "-o", obj], f"compile {src}"))
@@ -269,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     core_ok = all(ok for ok, _ in outs[:n_core])
 
     if core_ok:
-        core_objs = [j[0] for j in jobs[: len(core)]]
-        smoke_obj, fake_objs = jobs[len(core)][0], [j[0] for j in jobs[len(core) + 1:n_core]]
+        core_objs = [obj_of[src] for src in core]
+        smoke_obj, fake_objs = obj_of[os.path.relpath(main_src, ROOT)], [obj_of[src] for src in FAKE]
         exe = os.path.join(BUILD, "cuda_smoke")
         ok, text = run([CXX, *core_objs, smoke_obj, "-o", exe, f"-L{libdir}", "-lcudart",
                         f"-Wl,-rpath,{libdir}", "-lpthread"],
@@ -287,11 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                                timeout=300))
     glue_test_ok = all(ok for (obj, _, _), (ok, _) in zip(jobs, outs) if obj in glue_test_objs)
     if core_ok and glue_test_ok and glue_test_objs:
-        import torch
-
-        torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        from torch.utils.cpp_extension import TORCH_LIB_PATH as torch_lib
         exe = os.path.join(BUILD, "test_cuda_allocator")
-        fake_runtime = jobs[len(core) + 1][0]  # tests/cuda_fake/fake_cuda.o
+        fake_runtime = obj_of["tests/cuda_fake/fake_cuda.cpp"]
         ok, text = run([CXX, *core_objs, fake_runtime, *glue_test_objs, "-o", exe,
                         f"-L{torch_lib}", "-lc10", f"-Wl,-rpath,{torch_lib}", "-lpthread"],
                        "link the torch glue against the fake CUDA runtime and fake libc10_cuda")

@@ -1,5 +1,6 @@
 // cuda_device.cpp - see cuda_device.h for the invariants.
 #include "core/cuda_device.h"
+#include "core/cuda_stream.h"
 
 #include <cuda.h>  // driver API types only: the functions come from entry points
 #include <cuda_runtime_api.h>
@@ -74,9 +75,6 @@ class RelaxedCapture {
 };
 
 cudaEvent_t to_event(EventId e) { return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(e)); }
-cudaStream_t to_stream(StreamId s) {
-  return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s));
-}
 
 bool env_disables_vmm() {
   const char* v = std::getenv("TORCH_RENAISSANCE_CUDA_VMM");

@@ -397,7 +397,6 @@ PYBIND11_MODULE(_C, m) {
       "install_cpu",
       [](const py::kwargs& kw) { return install_cpu_allocator(config_from(kw)); },
       "Install the arena as PyTorch's CPU allocator (once per process).");
-  m.def("cpu_arena", &cpu_arena, "The installed CPU arena, or None.");
 #ifdef TR_WITH_CUDA
   bind_cuda(m);
   m.attr("with_cuda") = true;

@@ -29,15 +29,8 @@ void bind_cuda(py::module_& m) {
       "cuda_configure",
       [](const py::kwargs& kw) { return cuda::configure(arena_config_from_kwargs(kw)); },
       "Configure CUDA arenas created from now on; False once one exists.");
-  m.def("cuda_installed", &cuda::installed);
   m.def("cuda_arena", &cuda::arena, py::arg("device"),
         "The default arena of a CUDA device (created on first use).");
   m.def("cuda_vmm_status", &cuda::vmm_status, py::arg("device") = 0);
   m.def("cuda_private_pool_count", &cuda::private_pool_count, py::arg("device") = 0);
-  py::dict symbols;
-  symbols["malloc"] = "torch_renaissance_cuda_malloc";
-  symbols["free"] = "torch_renaissance_cuda_free";
-  symbols["record_stream"] = "torch_renaissance_cuda_record_stream";
-  symbols["empty_cache"] = "torch_renaissance_cuda_empty_cache";
-  m.attr("cuda_symbols") = symbols;
 }

@@ -86,10 +86,4 @@ std::shared_ptr<Arena> install_cpu_allocator(const ArenaConfig& config) {
   return r.arena;
 }
 
-std::shared_ptr<Arena> cpu_arena() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  return r.arena;
-}
-
 }  // namespace renaissance

@@ -20,7 +20,5 @@ namespace renaissance {
 // returns the arena. If one is installed, returns it unchanged (the Python
 // layer compares configurations and warns or raises).
 std::shared_ptr<Arena> install_cpu_allocator(const ArenaConfig& config);
-// The installed CPU arena, or nullptr.
-std::shared_ptr<Arena> cpu_arena();
 
 }  // namespace renaissance

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/cuda_device.h"
+#include "core/cuda_stream.h"
 #include "core/errors.h"
 
 namespace renaissance::cuda {
@@ -48,13 +49,6 @@ using Filter = std::function<bool(cudaStream_t)>;
 
 constexpr MempoolId_t kDefaultPool{0, 0};
 constexpr int kMaxDevices = 256;
-
-StreamId stream_id(cudaStream_t s) {
-  return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(s));
-}
-cudaStream_t to_stream(StreamId s) {
-  return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s));
-}
 
 // --- statistics ------------------------------------------------------------
 
@@ -84,20 +78,15 @@ void retire_stats(DeviceStats& into, const DeviceStats& s) {
   into.num_device_free += s.segment[0].current;  // its segments are freed with it
 }
 
-void to_c10(c10::CachingAllocator::StatArray& out, const StatArray& in) {
-  for (std::size_t i = 0; i < 3; ++i) {
-    out[i].current = in[i].current;
-    out[i].peak = in[i].peak;
-    out[i].allocated = in[i].allocated;
-    out[i].freed = in[i].freed;
-  }
-}
-
 void to_c10(c10::CachingAllocator::Stat& out, const Stat& in) {
   out.current = in.current;
   out.peak = in.peak;
   out.allocated = in.allocated;
   out.freed = in.freed;
+}
+
+void to_c10(c10::CachingAllocator::StatArray& out, const StatArray& in) {
+  for (std::size_t i = 0; i < 3; ++i) to_c10(out[i], in[i]);
 }
 
 // DeviceStats::reserved_bytes_by_private_pools exists from PyTorch 2.12 on.
@@ -197,57 +186,46 @@ class DeviceState {
   // outside the lock (destruction gives its memory back to the device).
   std::shared_ptr<Arena> take_idle_pool_locked(const MempoolId_t& id) {
     auto it = pools.find(id);
-    if (it == pools.end() || it->second.use_count > 0 || !windows.empty()) return nullptr;
-    Arena& a = *it->second.arena;
-    DeviceStats s = a.stats();
-    if (s.pending_bytes.current > 0) {
-      a.sync_point();  // pending blocks whose streams are done become free
-      s = a.stats();
-    }
-    if (s.allocated_bytes[0].current > 0 || s.pending_bytes.current > 0) return nullptr;
-    retire_stats(retired, s);
-    std::shared_ptr<Arena> dead = std::move(it->second.arena);
-    pools.erase(it);
-    return dead;
+    return it == pools.end() ? nullptr : take_if_idle_locked(it);
   }
 
-  // Gives back the cached memory of every pool that no graph or MemPool uses
-  // any more (use count 0; nothing is captured while a window is open), and
-  // moves those that hold nothing live to `dead`, for the caller to destroy
-  // outside the lock. A pool with live blocks (e.g. a cuBLAS workspace that
-  // was allocated during a capture and is kept for the process) keeps only
-  // those. Returns the bytes given back.
-  std::int64_t release_unused_pools_locked(std::vector<std::shared_ptr<Arena>>* dead) {
-    if (!windows.empty()) return 0;
-    std::int64_t freed = 0;
-    for (auto& [id, p] : pools) {
-      if (p.use_count > 0) continue;
-      const std::int64_t before = p.arena->stats().reserved_bytes[0].current;
-      p.arena->empty_cache();
-      freed += before - p.arena->stats().reserved_bytes[0].current;
+  // Gives back the cached memory of every pool (or only `only`) that no
+  // graph or MemPool uses any more (use count 0; nothing while a window is
+  // open), and moves those that hold nothing live to `dead`, for the caller
+  // to destroy outside the lock. A pool with live blocks (e.g. a cuBLAS
+  // workspace allocated during a capture and kept for the process) keeps
+  // only those.
+  void release_unused_pools_locked(std::vector<std::shared_ptr<Arena>>* dead,
+                                   const MempoolId_t* only = nullptr) {
+    if (!windows.empty()) return;
+    for (auto it = pools.begin(); it != pools.end();) {
+      auto next = std::next(it);
+      if ((!only || it->first == *only) && it->second.use_count <= 0) {
+        it->second.arena->empty_cache();
+        if (auto a = take_if_idle_locked(it)) dead->push_back(std::move(a));
+      }
+      it = next;
     }
-    for (auto& a : take_idle_pools_locked()) {
-      freed += a->stats().reserved_bytes[0].current;  // given back when destroyed
-      dead->push_back(std::move(a));
-    }
-    return freed;
   }
 
   std::vector<std::shared_ptr<Arena>> take_idle_pools_locked() {
-    std::vector<MempoolId_t> ids;
-    for (auto& [id, p] : pools) {
-      if (p.use_count <= 0) ids.push_back(id);
-    }
     std::vector<std::shared_ptr<Arena>> dead;
-    for (const auto& id : ids) {
-      if (auto a = take_idle_pool_locked(id)) dead.push_back(std::move(a));
+    for (auto it = pools.begin(); it != pools.end();) {
+      auto next = std::next(it);
+      if (auto a = take_if_idle_locked(it)) dead.push_back(std::move(a));
+      it = next;
     }
     return dead;
   }
 
-  DeviceStats stats_locked() {
+  // `per_pool`, when given, receives each private pool's reserved bytes.
+  DeviceStats stats_locked(std::vector<std::pair<MempoolId_t, StatArray>>* per_pool = nullptr) {
     DeviceStats s = arena->stats();
-    for (auto& [id, p] : pools) add_stats(s, p.arena->stats());
+    for (auto& [id, p] : pools) {
+      const DeviceStats ps = p.arena->stats();
+      if (per_pool) per_pool->emplace_back(id, ps.reserved_bytes);
+      add_stats(s, ps);
+    }
     add_stats(s, retired);
     const DeviceStats totals = group->totals();
     for_each_stat([](Stat& a, const Stat& t) { a.peak = std::max(t.peak, a.current); }, s, totals);
@@ -262,6 +240,21 @@ class DeviceState {
   }
 
  private:
+  std::shared_ptr<Arena> take_if_idle_locked(std::map<MempoolId_t, PoolEntry>::iterator it) {
+    if (it->second.use_count > 0 || !windows.empty()) return nullptr;
+    Arena& a = *it->second.arena;
+    DeviceStats s = a.stats();
+    if (s.pending_bytes.current > 0) {
+      a.sync_point();  // pending blocks whose streams are done become free
+      s = a.stats();
+    }
+    if (s.allocated_bytes[0].current > 0 || s.pending_bytes.current > 0) return nullptr;
+    retire_stats(retired, s);
+    std::shared_ptr<Arena> dead = std::move(it->second.arena);
+    pools.erase(it);
+    return dead;
+  }
+
   static ArenaConfig pool_config_of(ArenaConfig c) {
     c.planning = false;  // private pools serve captures and scopes, not steps
     return c;
@@ -487,13 +480,15 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
 void release_pool_if_idle(int device, const MempoolId_t& id) {
   DeviceState* s = find_state(device);
   if (!s) return;
-  std::shared_ptr<Arena> dead;
-  {
-    std::lock_guard<std::mutex> g(s->mu);
-    dead = s->take_idle_pool_locked(id);
-  }
-  // `dead` is destroyed here, outside the lock: its memory goes back.
-}
+  std::unique_lock<std::mutex> g(s->mu);
+  auto it = s->pools.find(id);
+  if (it == s->pools.end() || it->second.use_count > 0 || !s->windows.empty()) return;
+  // Only now a CUDA call may come: taking the pool may query events, and
+  // destroying it gives its memory back.
+  DeviceScope scope(static_cast<DeviceIndex>(device));
+  std::shared_ptr<Arena> dead = s->take_idle_pool_locked(id);
+  g.unlock();
+}  // `dead` is destroyed here, outside the lock, with the device current
 
 // Frees `ptr`. strict: raise for a pointer we did not hand out (raw_delete);
 // otherwise (deleters, which cannot throw) report it on stderr.
@@ -513,10 +508,7 @@ void free_pointer(void* ptr, bool strict) {
   // boundaries), so the hot path and frees during interpreter exit need no
   // device switch; destroying an idle pool gives memory back and does.
   o.arena->deallocate(ptr);
-  if (o.pool != kDefaultPool) {
-    DeviceScope scope(static_cast<DeviceIndex>(o.device));
-    release_pool_if_idle(o.device, o.pool);
-  }
+  if (o.pool != kDefaultPool) release_pool_if_idle(o.device, o.pool);
 }
 
 void delete_cuda(void* ptr) {
@@ -542,20 +534,10 @@ void record_stream_on(void* ptr, cudaStream_t stream) {
 void empty_cache_all(const MempoolId_t& id) {
   for_each_state([&](DeviceState& s) {
     DeviceScope scope(static_cast<DeviceIndex>(s.index));
-    std::vector<std::shared_ptr<Arena>> dead;
-    if (id == kDefaultPool) {
-      s.arena->empty_cache();
-      std::lock_guard<std::mutex> g(s.mu);
-      s.release_unused_pools_locked(&dead);
-    } else {
-      std::lock_guard<std::mutex> g(s.mu);
-      auto it = s.pools.find(id);
-      if (it != s.pools.end() && it->second.use_count <= 0 && s.windows.empty()) {
-        it->second.arena->empty_cache();
-        if (auto a = s.take_idle_pool_locked(id)) dead.push_back(std::move(a));
-      }
-    }
-    dead.clear();  // outside the lock
+    std::vector<std::shared_ptr<Arena>> dead;  // destroyed after the lock is released
+    if (id == kDefaultPool) s.arena->empty_cache();
+    std::lock_guard<std::mutex> g(s.mu);
+    s.release_unused_pools_locked(&dead, id == kDefaultPool ? nullptr : &id);
   });
 }
 
@@ -694,8 +676,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     std::vector<std::pair<MempoolId_t, StatArray>> per_pool;
     {
       std::lock_guard<std::mutex> g(s->mu);
-      st = s->stats_locked();
-      for (auto& [id, p] : s->pools) per_pool.emplace_back(id, p.arena->stats().reserved_bytes);
+      st = s->stats_locked(&per_pool);
     }
     to_c10(out.allocation, st.allocation);
     to_c10(out.segment, st.segment);
@@ -930,7 +911,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     si.requested_size = seg.requested_size;
     si.allocated_size = seg.allocated_size;
     si.active_size = seg.active_size;
-    si.stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(seg.stream));
+    si.stream = to_stream(seg.stream);
     si.is_large = seg.is_large;
     si.is_expandable = seg.expandable;
     si.owner_private_pool_id = pool;

@@ -21,6 +21,7 @@
 
 #include "core/arena.h"
 #include "core/cuda_device.h"
+#include "core/cuda_stream.h"
 #include "core/errors.h"
 #include "check.h"
 #include "fake_cuda.h"
@@ -56,7 +57,7 @@ fake_cuda::Config config(int devices = 1, std::size_t capacity = 256 * MiB, bool
 }
 
 cudaStream_t side_stream() { return reinterpret_cast<cudaStream_t>(std::uintptr_t(0x5100)); }
-StreamId sid(cudaStream_t s) { return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(s)); }
+StreamId sid(cudaStream_t s) { return stream_id(s); }
 
 // --- construction -------------------------------------------------------------
 
