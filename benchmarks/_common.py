@@ -27,11 +27,15 @@ def child_env(extra: dict | None = None, drop: tuple = ()) -> dict:
 
 
 def last_result(stdout: str) -> dict | None:
-    """The JSON of the last ``RESULT {...}`` line a worker printed, or None."""
+    """The JSON of the last ``RESULT {...}`` line a worker printed, or None
+    (also when that line was cut off, as by a timeout)."""
     import json
 
     lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-    return json.loads(lines[-1][len("RESULT "):]) if lines else None
+    try:
+        return json.loads(lines[-1][len("RESULT "):]) if lines else None
+    except json.JSONDecodeError:
+        return None
 
 
 def machine() -> str:
@@ -59,6 +63,6 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 def git_rev() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True).stdout.strip()
-    except OSError:
+                              text=True, timeout=20).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
         return "?"

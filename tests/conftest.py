@@ -37,10 +37,12 @@ def arena(C):
     return C.Arena(C.HostDevice())
 
 
-def clean_env(extra: dict | None = None) -> dict:
-    """The environment for child processes: no allocator config, the repo importable."""
+def clean_env(extra: dict | None = None, drop: tuple = ()) -> dict:
+    """The environment for child processes: no allocator config (nor the
+    names in ``drop``), the repo importable, plus ``extra``."""
     env = dict(os.environ)
-    env.pop("TORCH_RENAISSANCE_CONF", None)
+    for key in ("TORCH_RENAISSANCE_CONF", *drop):
+        env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.update(extra or {})
     return env

@@ -49,7 +49,8 @@ import time
 
 MiB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: _common, bench_model_slots
+from _common import REPO, child_env, git_rev, last_result  # noqa: E402
 CONFIGS = {
     "renaissance": {},
     "native": {},
@@ -243,27 +244,15 @@ def _text(b) -> str:
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
 
 
-def _last_result(stdout: str):
-    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-    if not lines:
-        return None
+def _driver() -> str | None:
+    """The GPU driver's version, for the record."""
     try:
-        return json.loads(lines[-1][len("RESULT "):])
-    except json.JSONDecodeError:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _machine() -> dict:
-    """GPU driver version and the repository's commit, for the record."""
-    out = {}
-    for key, cmd in (("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
-                     ("commit", ["git", "-C", REPO, "rev-parse", "--short", "HEAD"])):
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-            out[key] = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else None
-        except (OSError, subprocess.SubprocessError):
-            out[key] = None
-    return out
+    lines = p.stdout.strip().splitlines()
+    return lines[0] if p.returncode == 0 and lines else None
 
 
 def _save(path: str, results: dict) -> None:
@@ -285,16 +274,12 @@ def run_all(outdir: str, timeout: float) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        **_machine(),
+        "driver": _driver(),
+        "commit": git_rev(),
         "configs": {},
     })
     for name, extra_env in CONFIGS.items():
-        env = dict(os.environ)
-        for key in _ENV_DROP:
-            env.pop(key, None)
-        env.update(extra_env)
-        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-        env["PYTHONUNBUFFERED"] = "1"
+        env = child_env({**extra_env, "PYTHONUNBUFFERED": "1"}, drop=_ENV_DROP)
         t0 = time.monotonic()
         print(f"== {name}: running (timeout {timeout:.0f} s)", flush=True)
         try:
@@ -302,7 +287,7 @@ def run_all(outdir: str, timeout: float) -> dict:
                                capture_output=True, text=True, timeout=timeout)
             sys.stdout.write(p.stdout)
             sys.stdout.write(p.stderr)
-            r = _last_result(p.stdout)
+            r = last_result(p.stdout)
             if p.returncode == 0 and r is not None:
                 results["configs"][name] = r
             else:
@@ -314,7 +299,7 @@ def run_all(outdir: str, timeout: float) -> dict:
             out, err = _text(e.stdout), _text(e.stderr)
             sys.stdout.write(out)
             sys.stdout.write(err)
-            r = _last_result(out) or {}
+            r = last_result(out) or {}
             r["error"] = f"timed out after {timeout:.0f} s"  # what it measured before is kept
             results["configs"][name] = r
         print(f"== {name}: {time.monotonic() - t0:.1f} s", flush=True)
@@ -343,7 +328,6 @@ def _model_slots(seconds: float) -> dict:
         return {"skipped": f"only {seconds:.0f} s of this run's budget left"}
     print(f"== model slots: running (timeout {seconds - 5:.0f} s)", flush=True)
     try:
-        sys.path.insert(0, os.path.dirname(HERE))
         from bench_model_slots import gpu_check
 
         return gpu_check(timeout=seconds - 5)

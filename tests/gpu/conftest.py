@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import clean_env  # tests/conftest.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -59,12 +60,8 @@ def run_case():
                     "rebuild with `pip install --no-build-isolation -e .` and CUDA_HOME set")
 
     def run(name: str, *args: str, env: dict | None = None, timeout: float = 90) -> dict:
-        full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-        for key in ("TORCH_RENAISSANCE", "TORCH_RENAISSANCE_CONF", "PYTORCH_CUDA_ALLOC_CONF",
-                    "PYTORCH_ALLOC_CONF"):
-            full_env.pop(key, None)
-        full_env.update(env or {})
+        full_env = clean_env(env, drop=("TORCH_RENAISSANCE", "PYTORCH_CUDA_ALLOC_CONF",
+                                        "PYTORCH_ALLOC_CONF"))
         try:
             p = subprocess.run([sys.executable, CASES, name, *args], cwd=REPO, env=full_env,
                                capture_output=True, text=True, timeout=timeout)
