@@ -3,6 +3,7 @@ lag is under the test's control (issue 4)."""
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import random
 
@@ -98,14 +99,14 @@ def test_async_copy_out_sees_original_data_in_every_interleaving(C, policy):
         side = w.stream()
         host = bytearray(n)
         p = w.arena.allocate(n, 0)
-        buf = (ctypes_char * n).from_address(p)
-        w.enqueue(0, lambda: ctypes_memset(p, 1, n))             # main: fill with ones
+        buf = (ctypes.c_char * n).from_address(p)
+        w.enqueue(0, lambda: ctypes.memset(p, 1, n))             # main: fill with ones
         w.advance(0)
         w.enqueue(side, lambda: host.__setitem__(slice(0, n), bytes(buf)))  # side: D2H read
         w.arena.record_stream(p, side)
         w.arena.deallocate(p)
         q = w.arena.allocate(n, 0)                               # same size, at once
-        w.enqueue(0, lambda q=q: ctypes_memset(q, 0xFF, n))      # main: refill (NaN-like)
+        w.enqueue(0, lambda q=q: ctypes.memset(q, 0xFF, n))      # main: refill (NaN-like)
         for s in order:
             w.advance(0 if s == 0 else side)
         w.run_all()
@@ -113,14 +114,6 @@ def test_async_copy_out_sees_original_data_in_every_interleaving(C, policy):
         if q == p:
             assert policy == "wait"
 
-
-import ctypes  # noqa: E402
-
-ctypes_char = ctypes.c_char
-
-
-def ctypes_memset(addr: int, value: int, n: int) -> None:
-    ctypes.memset(addr, value, n)
 
 
 @pytest.mark.parametrize("policy", ["defer", "wait"])

@@ -74,7 +74,7 @@ def _loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
-def _train(world: int, rank: int, steps: int, planned: bool, zero_to_none: bool):
+def _train(world: int, rank: int, steps: int, planned: bool):
     from torch_renaissance.distributed import plan_fsdp
 
     model = _sharded_transformer(world)
@@ -88,7 +88,7 @@ def _train(world: int, rank: int, steps: int, planned: bool, zero_to_none: bool)
         if plan is not None and step == steps - 1:
             grads_check = _check_grads_region(model, plan)
         opt.step()
-        opt.zero_grad(set_to_none=zero_to_none)
+        opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     same_objects = [id(p) for p in model.parameters()] == params_before and all(
         p is q for p, q in zip(model.parameters(), opt.param_groups[0]["params"])
@@ -132,9 +132,9 @@ def _check_grads_region(model: nn.Module, plan) -> dict:
 
 def train_compare(rank: int, world: int, steps: int = 10) -> dict:
     """Plain FSDP2 vs FSDP2 + plan_fsdp: losses, parameters, placement, grads region."""
-    _, _, _, base_losses, base_locals, base_full, _, _ = _train(world, rank, steps, False, True)
+    _, _, _, base_losses, base_locals, base_full, _, _ = _train(world, rank, steps, False)
     model, opt, plan, losses, locals_, full, same_objects, grads_check = _train(
-        world, rank, steps, True, True
+        world, rank, steps, True
     )
     storage = plan.storage
     placement = {}

@@ -14,29 +14,25 @@ import torch.distributed as dist  # noqa: E402
 
 from ._harness import close_pools, get_pool  # noqa: E402
 
-needs_gloo = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()),
-    reason="torch.distributed with gloo is not available",
-)
-
-
 @pytest.fixture(scope="session")
 def _pools():
     yield get_pool
     close_pools()
 
 
+def _world(pools, n: int):
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    return pools(n)
+
+
 @pytest.fixture
 def world2(_pools):
     """A pool of 2 gloo ranks: ``world2.run(fn, *args)`` -> results by rank."""
-    if not (dist.is_available() and dist.is_gloo_available()):
-        pytest.skip("torch.distributed with gloo is not available")
-    return _pools(2)
+    return _world(_pools, 2)
 
 
 @pytest.fixture
 def world4(_pools):
     """A pool of 4 gloo ranks: ``world4.run(fn, *args)`` -> results by rank."""
-    if not (dist.is_available() and dist.is_gloo_available()):
-        pytest.skip("torch.distributed with gloo is not available")
-    return _pools(4)
+    return _world(_pools, 4)

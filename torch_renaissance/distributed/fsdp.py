@@ -109,9 +109,8 @@ def _prefix_view(
 class _Entry:
     """One FSDP2 parameter and what the plan attached to it."""
 
-    def __init__(self, name: str, group: str, fsdp_param: Any, spec: ShardedTensorSpec) -> None:
+    def __init__(self, name: str, fsdp_param: Any, spec: ShardedTensorSpec) -> None:
         self.name = name
-        self.group = group
         self.fsdp_param = fsdp_param
         self.spec = spec
         self.grad: torch.Tensor | None = None  # persistent DTensor over the grads slot
@@ -502,7 +501,7 @@ def _collect(model: nn.Module) -> tuple[list[_Entry], dict[str, list[Any]]]:
             if fp._sharded_param_data.numel() != spec.slot_numel:
                 raise ValueError(f"{name}: unexpected FSDP2 sharded data size")
             devices.add(fp.device)
-            entries.append(_Entry(name, group, fp, spec))
+            entries.append(_Entry(name, fp, spec))
     if len(devices) > 1:
         raise ValueError(f"FSDP2 parameters on several devices {sorted(map(str, devices))}")
     return entries, groups
