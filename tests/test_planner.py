@@ -185,11 +185,14 @@ def test_cli_plan_json_and_png(shared_data, tmp_path):
     assert json.loads(r.stdout)["pytorch_reserved_bytes"] is None
 
 
-def test_cli_plan_bad_file_is_a_clear_error(tmp_path):
+def test_cli_plan_bad_file_is_a_clear_error(tmp_path, capsys):
+    # In this process: `plan` installs nothing (the JSON/PNG test above runs the CLI as a program).
+    from torch_renaissance import cli
+
     bad = tmp_path / "bad.csv"
     bad.write_text("id,lower,upper,size\n0,5,3,100\n")
-    r = _cli(str(bad))
-    assert r.returncode == 2
-    assert "bad.csv:2:" in r.stderr and "upper must be > lower" in r.stderr
-    r = _cli(str(tmp_path / "missing.pickle"))
-    assert r.returncode == 2 and "missing.pickle" in r.stderr
+    assert cli.main(["plan", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv:2:" in err and "upper must be > lower" in err
+    assert cli.main(["plan", str(tmp_path / "missing.pickle")]) == 2
+    assert "missing.pickle" in capsys.readouterr().err
