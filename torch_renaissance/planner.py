@@ -30,6 +30,12 @@ def _ext():
     return ext()
 
 
+def _columns(lifetimes: Sequence[Tuple[int, int, int]]) -> Tuple[List[int], List[int], List[int]]:
+    """``(size, lower, upper)`` rows as the extension's three columns."""
+    sizes, lowers, uppers = zip(*lifetimes) if lifetimes else ((), (), ())
+    return list(sizes), list(lowers), list(uppers)
+
+
 def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: float = 1.0,
                    seed: int = 0) -> PlanResult:
     """Plans buffers given as ``(size, lower, upper)`` (lifetime ``[lower, upper)``).
@@ -38,10 +44,7 @@ def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: fl
         ValueError: a malformed buffer (``upper <= lower``, negative values),
             naming its index.
     """
-    sizes = [s for s, _, _ in lifetimes]
-    lowers = [lo for _, lo, _ in lifetimes]
-    uppers = [up for _, _, up in lifetimes]
-    r = _ext().plan(sizes, lowers, uppers, budget_seconds=budget_seconds, seed=seed)
+    r = _ext().plan(*_columns(lifetimes), budget_seconds=budget_seconds, seed=seed)
     return PlanResult(list(r["offsets"]), r["size"], r["load"], r["greedy_size"] or None,
                       r["seconds"], r["method"])
 
@@ -63,8 +66,5 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0) -> Plan
 
 def validate(lifetimes: Sequence[Tuple[int, int, int]], offsets: Sequence[int]) -> Optional[str]:
     """None if ``offsets`` never overlap two buffers live at once, else the first clash."""
-    sizes = [s for s, _, _ in lifetimes]
-    lowers = [lo for _, lo, _ in lifetimes]
-    uppers = [up for _, _, up in lifetimes]
-    msg = _ext().validate(sizes, lowers, uppers, list(offsets))
+    msg = _ext().validate(*_columns(lifetimes), list(offsets))
     return msg or None
