@@ -22,7 +22,12 @@ Invariants kept here:
   (:func:`_check_pickle_structure`): containers nested deeper than :data:`_PICKLE_MAX_DEPTH`
   levels are refused, so building, hashing or printing the loaded data cannot overflow the C
   stack (CPython's tuple hash recurses in C), and absurd memo indices are refused, so the
-  unpickler never sizes its memo from the file.
+  unpickler never sizes its memo from the file. Dict keys and set elements must be strings,
+  bytes, ``None``, bools or 64-bit integers, and addresses (the keys of the loader's own
+  dicts) below ``2**64``: no file can make hashing quadratic, so loading is linear in the
+  file size.
+* Only regular files are read: a directory, FIFO, device (``/dev/zero``) or socket is
+  refused before anything is read.
 * Malformed input raises :class:`ValueError` naming the file and the line (CSV) or the event /
   segment index (snapshot). A loader returns a whole trace or raises: never a partial one.
 * In every trace, ``0 <= alloc_time <= free_time <= end_time < 2**62`` (``free_time`` may be
@@ -45,6 +50,7 @@ import pickle
 import pickletools
 import re
 import reprlib
+import stat
 import tempfile
 from array import array
 from dataclasses import dataclass
@@ -80,6 +86,12 @@ _EXPORT_PROTOCOL = 4
 _SIZE_LIMIT = 1 << 63
 #: Logical times are below this (``int64`` in the planner, with room for ``lower + period``).
 _TIME_LIMIT = 1 << 62
+#: Addresses in snapshots are below this (64-bit pointers). Addresses key the loader's dicts:
+#: bounded, at most 9 of them share a hash value (CPython hashes an int modulo 2**61 - 1), so
+#: a file of colliding addresses cannot make loading quadratic.
+_ADDRESS_LIMIT = 1 << 64
+#: Device indices are below this (CUDA's ``int`` ordinals; ``c10::DeviceIndex`` is smaller).
+_DEVICE_LIMIT = 1 << 31
 
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 _CSV_COLUMNS = ("id", "lower", "upper", "size")
@@ -321,10 +333,17 @@ _PICKLE_MAX_DEPTH = 200
 #: 1000 list items or dict pairs per nesting level; only a huge tuple or frozenset needs more.
 #: Bounds the memory of the structure scan whatever the number of opcodes.
 _PICKLE_MAX_STACK = 1 << 22
+#: Integers a dict key or set element may be: those that fit in 64 bits (``int64`` or
+#: ``uint64``). CPython hashes an integer to itself modulo :data:`sys.hash_info.modulus`
+#: (``2**61 - 1``), so at most 13 of them share a hash value; integers of any size would let a
+#: file of 1 MB hold 100k keys of one hash and make building the dict quadratic (minutes).
+_KEY_INT_MIN = -(1 << 63)
+_KEY_INT_LIMIT = 1 << 64
 
 # What each opcode does to the stack, for _check_pickle_structure.
 (
-    _OP_PUSH_PRIMITIVE,  # push a non-container
+    _OP_PUSH_PRIMITIVE,  # push a non-container that hashes safely (str, bytes, None, bool, int32)
+    _OP_PUSH_NUMBER,  # push an integer of any size or a float: a key only when a 64-bit integer
     _OP_PUSH_EMPTY,  # push an empty container
     _OP_MARK,
     _OP_BUILD_FROM_MARK,  # pop to the mark, push a container of those items
@@ -341,14 +360,15 @@ _PICKLE_MAX_STACK = 1 << 22
     _OP_NOTHING,  # PROTO, FRAME
     _OP_STOP,
     _OP_REFUSED,  # names a global or a persistent id: the unpickler refuses it right there
-) = range(17)
+) = range(18)
 _OPCODE_EFFECTS: Dict[str, int] = {
     **dict.fromkeys(
-        "INT BININT BININT1 BININT2 LONG LONG1 LONG4 STRING BINSTRING SHORT_BINSTRING "
-        "BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8 UNICODE SHORT_BINUNICODE BINUNICODE "
-        "BINUNICODE8 NONE NEWTRUE NEWFALSE FLOAT BINFLOAT".split(),
+        "BININT BININT1 BININT2 STRING BINSTRING SHORT_BINSTRING BINBYTES SHORT_BINBYTES "
+        "BINBYTES8 BYTEARRAY8 UNICODE SHORT_BINUNICODE BINUNICODE BINUNICODE8 NONE NEWTRUE "
+        "NEWFALSE".split(),
         _OP_PUSH_PRIMITIVE,
     ),
+    **dict.fromkeys("INT LONG LONG1 LONG4 FLOAT BINFLOAT".split(), _OP_PUSH_NUMBER),
     **dict.fromkeys("EMPTY_DICT EMPTY_LIST EMPTY_TUPLE EMPTY_SET".split(), _OP_PUSH_EMPTY),
     "MARK": _OP_MARK,
     **dict.fromkeys("TUPLE LIST DICT FROZENSET".split(), _OP_BUILD_FROM_MARK),
@@ -367,6 +387,14 @@ _OPCODE_EFFECTS: Dict[str, int] = {
     **dict.fromkeys("GLOBAL STACK_GLOBAL INST PERSID BINPERSID".split(), _OP_REFUSED),
 }
 _COUNTED = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+# Opcodes that hash items, and which: every item (sets) or every other one from the first
+# (dict keys; SETITEM's key is the item below the value).
+_KEY_STRIDE = {"SETITEM": 2, "SETITEMS": 2, "DICT": 2, "ADDITEMS": 1, "FROZENSET": 1}
+#: ``refs`` value of a stack item that must not be hashed: a float or an integer outside
+#: ``[_KEY_INT_MIN, _KEY_INT_LIMIT)`` (containers are known by their depth, >= 1).
+_UNSAFE_KEY = -2
+#: ``memo`` value of such an item (depths + 1 are <= _PICKLE_MAX_DEPTH + 1 < 255).
+_MEMO_UNSAFE_KEY = 255
 # The same, keyed by the opcode objects pickletools.genops yields (faster than by name).
 _EFFECT_OF_OP = {op: _OPCODE_EFFECTS.get(op.name) for op in pickletools.opcodes}
 
@@ -378,31 +406,43 @@ class _BadPickle(Exception):
 
 
 def _check_pickle_structure(data: bytes) -> None:
-    """Refuse a pickle nested too deep to load safely, without building any object.
+    """Refuse a pickle that cannot be loaded safely and fast, without building any object.
 
     Walks the opcodes with :func:`pickletools.genops` and replays what the unpickler does to
     its stack, keeping per stack item only the nesting depth of the object it holds (0 for
-    strings, numbers, bytes and ``None``; 1 + the deepest item for a container). Memo entries
-    remember the depth of their object, raised when that object is filled later (as
-    ``pickle`` does: a list is memoized empty, then appended to). The walk stops at the first
-    opcode naming a global or a persistent id: the unpickler refuses that opcode before
-    building anything after it. Time and memory are linear in the file size; the stack is
-    capped at :data:`_PICKLE_MAX_STACK` items and the memo at one byte per byte of file.
+    strings, numbers, bytes and ``None``; 1 + the deepest item for a container) and whether
+    it may be hashed. Memo entries remember the same, the depth raised when that object is
+    filled later (as ``pickle`` does: a list is memoized empty, then appended to). The walk
+    stops at the first opcode naming a global or a persistent id: the unpickler refuses that
+    opcode before building anything after it. Time and memory are linear in the file size;
+    the stack is capped at :data:`_PICKLE_MAX_STACK` items and the memo at one byte per byte
+    of file.
+
+    Dict keys and set elements must be strings, bytes, ``None``, booleans or integers in
+    ``[-2**63, 2**64)``. Those never make building a dict slow: string and bytes hashes are
+    randomized per process, and at most 13 such integers share a hash value. Floats, bigger
+    integers, tuples and frozensets can be made to share one hash by the thousand (CPython's
+    integer hash is the value modulo ``2**61 - 1``, and tuple and frozenset hashes combine
+    their items' hashes invertibly), which makes unpickling quadratic: a 1 MB file then
+    takes minutes. PyTorch's snapshots key every dict by strings.
 
     Raises:
         _BadPickle: the file is nested deeper than :data:`_PICKLE_MAX_DEPTH`, keeps more than
             :data:`_PICKLE_MAX_STACK` items on the stack, uses an opcode that plain data never
-            needs (``REDUCE``, ``BUILD``, ``EXT1``, ...), or is not a well-formed pickle
-            (truncated, unknown opcode, stack underflow, memo index out of range).
+            needs (``REDUCE``, ``BUILD``, ``EXT1``, ...), hashes a key that is not allowed
+            above, or is not a well-formed pickle (truncated, unknown opcode, stack underflow,
+            memo index out of range).
     """
     limit, max_stack, size = _PICKLE_MAX_DEPTH, _PICKLE_MAX_STACK, len(data)
     depths = bytearray()  # per stack item: the depth of its object (<= limit < 255)
-    refs = array("q")  # per stack item: the memo index it was stored at or read from, or -1
+    # per stack item: the memo index it was stored at or read from, -1, or _UNSAFE_KEY
+    refs = array("q")
     marks: List[int] = []  # stack lengths at the open MARKs
     memo = bytearray()  # per memo index: 1 + the depth of its object; 0 when unset
     memo_count = 0  # set memo entries (the index MEMOIZE uses)
     effect_of = _EFFECT_OF_OP.get
     push, push_ref = depths.append, refs.append
+    key_min, key_limit = _KEY_INT_MIN, _KEY_INT_LIMIT
 
     def deeper(d: int) -> int:
         if d > limit:
@@ -412,6 +452,18 @@ def _check_pickle_structure(data: bytes) -> None:
                 refused=True,
             )
         return d
+
+    def check_keys(start: int, stride: int, name: str) -> None:
+        # The items that name hashes: stack[start::stride]. Containers have depth >= 1.
+        if max(depths[start::stride], default=0) == 0 and _UNSAFE_KEY not in refs[start::stride]:
+            return
+        raise _BadPickle(
+            f"refusing to load: {name} makes a {'set element' if stride == 1 else 'dict key'} "
+            "of a float, a tuple, a frozenset or an integer outside [-2**63, 2**64); such keys "
+            "can share one hash by the thousand and make loading take quadratic time (memory "
+            "snapshots key their dicts by strings)",
+            refused=True,
+        )
 
     def fill(target: int, d: int) -> None:  # the container at stack index target gets depth d
         if d > depths[target]:
@@ -428,11 +480,18 @@ def _check_pickle_structure(data: bytes) -> None:
                 m = memo[arg] if 0 <= arg < len(memo) else 0
                 if not m:
                     raise _BadPickle(f"{op.name} of memo index {arg}, which is not set")
-                push(m - 1)
-                push_ref(arg)
+                if m == _MEMO_UNSAFE_KEY:
+                    push(0)
+                    push_ref(_UNSAFE_KEY)
+                else:
+                    push(m - 1)
+                    push_ref(arg)
             elif effect == _OP_PUSH_PRIMITIVE:
                 push(0)
                 push_ref(-1)
+            elif effect == _OP_PUSH_NUMBER:  # float, or int (bool for INT's 00 / 01)
+                push(0)
+                push_ref(-1 if type(arg) is not float and key_min <= arg < key_limit else _UNSAFE_KEY)
             elif effect == _OP_PUT or effect == _OP_MEMOIZE:
                 if len(depths) <= (marks[-1] if marks else 0):
                     raise _BadPickle(f"stack underflow at {op.name}")
@@ -443,8 +502,11 @@ def _check_pickle_structure(data: bytes) -> None:
                     memo.extend(bytes(idx + 1 - len(memo)))
                 if not memo[idx]:
                     memo_count += 1
-                memo[idx] = depths[-1] + 1
-                refs[-1] = idx
+                if refs[-1] == _UNSAFE_KEY:  # a number: its memo entry is never filled
+                    memo[idx] = _MEMO_UNSAFE_KEY
+                else:
+                    memo[idx] = depths[-1] + 1
+                    refs[-1] = idx
                 continue
             elif effect == _OP_MARK:
                 deeper(len(marks) + 1)  # each open MARK is a container being built
@@ -457,6 +519,9 @@ def _check_pickle_structure(data: bytes) -> None:
                 if not marks:
                     raise _BadPickle(f"{op.name} without a MARK")
                 k = marks.pop()
+                stride = _KEY_STRIDE.get(op.name)
+                if stride:
+                    check_keys(k, stride, op.name)
                 d = max(depths[k:], default=-1) + 1  # the depth the items give a container
                 del depths[k:], refs[k:]
                 if effect == _OP_BUILD_FROM_MARK:
@@ -472,6 +537,8 @@ def _check_pickle_structure(data: bytes) -> None:
                 x = len(depths) - n  # the items; the container is just below them
                 if x < 1 or x < (marks[-1] if marks else 0):
                     raise _BadPickle(f"stack underflow at {op.name}")
+                if n == 2:
+                    check_keys(x, 2, op.name)
                 d = max(depths[x:]) + 1
                 del depths[x:], refs[x:]
                 fill(x - 1, d)
@@ -532,9 +599,45 @@ def _check_pickle_structure(data: bytes) -> None:
     raise _BadPickle("pickle exhausted before seeing STOP")  # pragma: no cover (genops raises)
 
 
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _open_regular(path: PathLike) -> io.BufferedReader:
+    """``open(path, "rb")`` for regular files only; refuses anything else at once.
+
+    The file is opened without blocking (a FIFO with no writer would block ``open``) and
+    checked with ``fstat`` on the opened descriptor, so that what is read is what was
+    checked: ``/dev/zero`` or a FIFO would otherwise be read forever or wait forever.
+
+    Raises:
+        ValueError: ``path`` is a directory, FIFO, device or socket (the message names it).
+        OSError: the file cannot be opened.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+            raise ValueError(f"{os.fspath(path)}: not a regular file ({kind}); a trace is a file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    return f
+
+
 def _safe_unpickle(path: PathLike) -> Any:
     source = os.fspath(path)
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         data = f.read()
     try:
         _check_pickle_structure(data)
@@ -566,7 +669,9 @@ def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
     file is imported or executed. Before unpickling, the opcodes are scanned without building
     anything, and files whose containers nest more than 200 levels deep (real snapshots nest
     fewer than 10) are refused: CPython's unpickler would otherwise overflow the C stack
-    hashing such data. See :func:`from_snapshot` for how events become buffers.
+    hashing such data. So are dict keys that could share one hash by the thousand (floats,
+    tuples, integers over 64 bits; snapshots key their dicts by strings), which would make
+    unpickling quadratic. See :func:`from_snapshot` for how events become buffers.
 
     Args:
         path (str or os.PathLike): the snapshot file.
@@ -579,9 +684,14 @@ def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
     Raises:
         ValueError: the file names a global (e.g. ``os.system``) or a persistent id, uses an
             opcode that plain data never needs (``REDUCE``, ``BUILD``, ...), nests containers
-            more than 200 levels deep, is truncated or not a pickle, is not a snapshot dict,
+            more than 200 levels deep, has a dict key or set element other than a string,
+            bytes, ``None``, a bool or a 64-bit integer (keys that could make loading
+            quadratic), has an address of ``2**64`` or more or a device index of ``2**31``
+            or more, is truncated or not a pickle, is not a snapshot dict,
             or has a malformed or inconsistent event or segment (the message names the file
             and the index).
+        ValueError: also when ``path`` is not a regular file (a directory, FIFO, device such
+            as ``/dev/zero``, or socket), refused before reading anything.
         OSError: the file cannot be read.
     """
     source = os.fspath(path)
@@ -623,12 +733,28 @@ def _field_int(
     return value
 
 
-def _opt_int(d: Dict[str, Any], key: str, default: int, w: _Where, where: str) -> int:
+def _opt_int(
+    d: Dict[str, Any],
+    key: str,
+    default: int,
+    w: _Where,
+    where: str,
+    *,
+    minimum: Optional[int] = None,
+    limit: Optional[int] = None,
+) -> int:
     value = d.get(key, default)
     if value is None:
         return default
     if not _is_int(value):
         raise w.error(where, f"field {key!r} must be an integer, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise w.error(where, f"field {key!r} must be >= {minimum}, got {_fmt_int(value)}")
+    if limit is not None and value >= limit:
+        raise w.error(
+            where,
+            f"field {key!r} must be < 2**{limit.bit_length() - 1}, got {_fmt_int(value)}",
+        )
     return value
 
 
@@ -726,7 +852,9 @@ def from_snapshot(
     for i, seg in enumerate(segments):
         if not isinstance(seg, dict):
             raise w.error(f"segments[{i}]", f"must be a dict, got {type(seg).__name__}")
-        seg_devices.append(_opt_int(seg, "device", 0, w, f"segments[{i}]"))
+        seg_devices.append(
+            _opt_int(seg, "device", 0, w, f"segments[{i}]", minimum=0, limit=_DEVICE_LIMIT)
+        )
     with_data = sorted({d for d, t in enumerate(traces) if t} | set(seg_devices))
     if device is None:
         if len(with_data) > 1:
@@ -763,7 +891,7 @@ def from_snapshot(
         action = e["action"]
         if action == "alloc":
             where = f"device_traces[{device}][{k}]"
-            addr = _field_int(e, "addr", w, where)
+            addr = _field_int(e, "addr", w, where, limit=_ADDRESS_LIMIT)
             size = _field_int(e, "size", w, where, limit=_SIZE_LIMIT)
             stream = _opt_int(e, "stream", 0, w, where)
             if addr in live:
@@ -776,7 +904,7 @@ def from_snapshot(
             freed_at.pop(addr, None)
         elif action == free_action:
             where = f"device_traces[{device}][{k}]"
-            addr = _field_int(e, "addr", w, where)
+            addr = _field_int(e, "addr", w, where, limit=_ADDRESS_LIMIT)
             size = _field_int(e, "size", w, where, limit=_SIZE_LIMIT)
             stream = _opt_int(e, "stream", 0, w, where)
             rec = live.pop(addr, None)
@@ -810,7 +938,7 @@ def from_snapshot(
         if seg_devices[i] != device:
             continue
         where = f"segments[{i}]"
-        seg_addr = _field_int(seg, "address", w, where)
+        seg_addr = _field_int(seg, "address", w, where, limit=_ADDRESS_LIMIT)
         reserved_at_dump += _field_int(seg, "total_size", w, where, limit=_SIZE_LIMIT)
         seg_stream = _opt_int(seg, "stream", 0, w, where)
         blocks = seg.get("blocks", [])
@@ -825,7 +953,7 @@ def from_snapshot(
             state = b.get("state")
             if not isinstance(state, str):
                 raise w.error(bwhere, "block has no 'state' string")
-            baddr = _opt_int(b, "address", addr, w, bwhere)
+            baddr = _opt_int(b, "address", addr, w, bwhere, minimum=0, limit=_ADDRESS_LIMIT)
             addr = baddr + bsize
             if state not in _ACTIVE_STATES or baddr in live:
                 continue
@@ -937,10 +1065,12 @@ def load_csv(path: PathLike) -> Trace:
         ValueError: the file is empty or has no rows, a header lacks a column, a row has the
             wrong number of fields, a non-integer, a value out of the bounds above, an
             ``upper <= lower`` or a repeated id. The message is ``file:line: ...``.
+        ValueError: also when ``path`` is not a regular file (a directory, FIFO, device such
+            as ``/dev/zero``, or socket), refused before reading anything.
         OSError: the file cannot be read.
     """
     source = os.fspath(path)
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8-sig")
@@ -1019,6 +1149,8 @@ def load_trace(path: PathLike, **kwargs: Any) -> Trace:
 
     Raises:
         ValueError: as the chosen loader.
+        ValueError: also when ``path`` is not a regular file (a directory, FIFO, device such
+            as ``/dev/zero``, or socket), refused before reading anything.
         OSError: the file cannot be read.
     """
     suffix = Path(path).suffix.lower()
@@ -1026,7 +1158,7 @@ def load_trace(path: PathLike, **kwargs: Any) -> Trace:
         return load_csv(path)
     if suffix in (".pickle", ".pkl"):
         return load_snapshot(path, **kwargs)
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         head = f.read(1)
     if head == b"\x80":
         return load_snapshot(path, **kwargs)
