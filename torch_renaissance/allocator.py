@@ -4,7 +4,10 @@ Configuration comes from keyword arguments of :func:`install` and from the
 environment variable ``TORCH_RENAISSANCE_CONF`` in PyTorch's
 ``PYTORCH_CUDA_ALLOC_CONF`` style: ``key:value,key:value``
 (e.g. ``TORCH_RENAISSANCE_CONF=max_reserved_mb:4096,stream_policy:wait``).
-Keyword arguments win over the environment.
+Keyword arguments win over the environment. Numbers are plain ASCII integers
+(decimal, or ``0x`` hexadecimal; no underscores, signs or other scripts' digits),
+and a key may be given once per source (``max_reserved_mb`` and
+``max_reserved_bytes`` are one key in two units).
 
 Keys (units in the name):
 
@@ -12,7 +15,7 @@ Keys (units in the name):
 key                    default  meaning
 =====================  =======  ================================================
 max_reserved_mb        0        limit on reserved memory in MiB (0: none)
-max_reserved_bytes     0        the same in bytes (wins over max_reserved_mb)
+max_reserved_bytes     0        the same in bytes (give one of the two)
 expandable_segments    True     one growable segment per stream for large blocks
 stream_policy          defer    ``defer`` (like PyTorch) or ``wait`` (stream-ordered)
 planning               True     record, plan and replay marked steps
@@ -23,6 +26,7 @@ plan_budget_ms         250      planner search budget per plan, in milliseconds
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 from dataclasses import asdict, dataclass
@@ -60,11 +64,23 @@ _BOOL = {"1": True, "true": True, "yes": True, "on": True,
          "0": False, "false": False, "no": False, "off": False}
 
 
+# What a number may look like in a config string: ASCII digits, or 0x and hex digits.
+# int(text, 0) alone would also take "1_000", Unicode digits ("٣" is 3) and signs.
+_NUMBER_RE = re.compile(r"[0-9]+|0[xX][0-9a-fA-F]+", re.ASCII)
+_ASCII_SPACE = " \t\n\r\f\v"
+
+
 def _number(limit: int, minimum: int = 0):
     def parse(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ValueError  # a float byte count is a mistake, not something to round
-        number = int(value, 0) if isinstance(value, str) else value
+        if isinstance(value, str):
+            text = value.strip(_ASCII_SPACE)
+            if not _NUMBER_RE.fullmatch(text):
+                raise ValueError
+            number = int(text, 0)  # refuses leading zeros ("010": octal or decimal?)
+        else:
+            number = value
         if not minimum <= number <= limit:
             raise ValueError
         return number
@@ -116,28 +132,43 @@ def parse_conf(text: str) -> dict:
         dict of converted values, keyed by config key.
 
     Raises:
-        ValueError: an entry without ``:``, an unknown key, or a bad value.
+        ValueError: an entry without ``:``, an unknown key, a bad value (numbers are
+            ASCII decimal or ``0x`` hexadecimal), or a key given twice (also
+            ``max_reserved_mb`` with ``max_reserved_bytes``).
     """
     out: dict = {}
     for part in text.split(","):
-        part = part.strip()
+        part = part.strip(_ASCII_SPACE)
         if not part:
             continue
         if ":" not in part:
             raise ValueError(f"torch_renaissance: config entry '{part}' is not key:value "
                              f"(in {ENV_VAR}={text!r})")
-        key, value = (s.strip() for s in part.split(":", 1))
+        key, value = (s.strip(_ASCII_SPACE) for s in part.split(":", 1))
+        if key in out:
+            raise ValueError(f"torch_renaissance: config key '{key}' is given twice "
+                             f"(in {ENV_VAR}={text!r}); give it once")
         out[key] = _convert(key, value)
+    _check_one_limit(out, f"in {ENV_VAR}={text!r}")
     return out
+
+
+def _check_one_limit(values: dict, where: str) -> None:
+    if "max_reserved_mb" in values and "max_reserved_bytes" in values:
+        raise ValueError("torch_renaissance: config keys 'max_reserved_mb' and "
+                         f"'max_reserved_bytes' are the same limit in two units ({where}); "
+                         "give one")
 
 
 def make_config(**overrides: Any) -> Config:
     """Builds a :class:`Config` from ``TORCH_RENAISSANCE_CONF`` and keyword overrides.
 
     Raises:
-        ValueError: unknown key or bad value (the message names it).
+        ValueError: unknown key, bad value, a key given twice in the environment, or
+            both units of the reserved limit in one source (the message names it).
     """
     values = parse_conf(os.environ.get(ENV_VAR, ""))
+    _check_one_limit(overrides, "as keyword arguments")
     for key, value in overrides.items():
         values[key] = _convert(key, value)
         # A limit given as a keyword replaces the environment's, in either unit.

@@ -82,6 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, ImportError) as e:
         print(f"torch-renaissance run: {e}", file=sys.stderr)
         return 2
+    report_file = _open_report(args.report) if args.report else None
+    if report_file is False:
+        return 2
     sys.argv = [script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
@@ -112,9 +115,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         reports = [tr.stats.report(d, times) for d in used]
         for rep in reports:
             _print_report(rep, sys.stderr)
-        if args.report:
-            with open(args.report, "w") as f:
-                json.dump(reports[0] if len(reports) == 1 else reports, f, indent=2)
+        if report_file:
+            code = _write_report(report_file, reports[0] if len(reports) == 1 else reports,
+                                 code)
+    return code
+
+
+def _open_report(path: str):
+    """Opens ``--report PATH`` before the script runs (and before it can change the
+    working directory), without truncating it; False, with a message, when it cannot
+    be written: the script does not run then."""
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError as e:
+        reason = e.strerror or str(e)
+        print(f"torch-renaissance run: --report {path}: cannot write: {reason}; the script "
+              "was not run", file=sys.stderr)
+        return False
+
+
+def _write_report(f, report, code: int) -> int:
+    """Writes the JSON report; the script's exit code, or 2 when the script succeeded
+    and the report could not be written (e.g. a full disk)."""
+    try:
+        with f:
+            if f.seekable():  # not /dev/stdout or a pipe
+                f.seek(0)
+                f.truncate()
+            json.dump(report, f, indent=2)
+    except OSError as e:
+        print(f"torch-renaissance run: --report {f.name}: cannot write: {e.strerror or e}",
+              file=sys.stderr)
+        return code or 2
     return code
 
 
@@ -273,6 +305,18 @@ def _budget(text: str) -> float:
     return value
 
 
+def _int_at_least(minimum: int, why: str = ""):
+    def parse(text: str) -> int:
+        digits = text[1:] if text[:1] in ("+", "-") else text
+        if not (digits.isascii() and digits.isdigit()):  # int() would take "1_0" and "٣"
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, got {value}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torch-renaissance", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -286,9 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     d = sub.add_parser("demo", help="train the bundled GPT under three allocators")
-    d.add_argument("--steps", type=int, default=20)
-    d.add_argument("--batch", type=int, default=4)
-    d.add_argument("--seq", type=int, default=128)
+    d.add_argument("--steps", type=_int_at_least(4, " (steps 0-2 record, plan and replay; the "
+                                                     "mean step time is over steps 3 on)"),
+                   default=20)
+    d.add_argument("--batch", type=_int_at_least(1), default=4)
+    d.add_argument("--seq", type=_int_at_least(1), default=128)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     d.set_defaults(fn=cmd_demo)

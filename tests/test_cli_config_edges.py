@@ -1,0 +1,140 @@
+"""Command-line and configuration edges (issue 18, item 8): ``run --report`` to a path that
+cannot be written, ``demo`` with no steps, config numbers that are not plain ASCII, and keys
+given twice."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, clean_env
+
+from torch_renaissance import cli
+from torch_renaissance.allocator import make_config, parse_conf
+
+# The script leaves a mark when it runs, then exits with the code it is given.
+SCRIPT = """
+import sys, pathlib
+pathlib.Path(sys.argv[1]).write_text("ran")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def _run(tmp_path, report: str, exit_code: int):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    mark = tmp_path / "ran.txt"
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--report", report,
+                        str(script), str(mark), str(exit_code)],
+                       capture_output=True, text=True, env=clean_env(), cwd=str(REPO), timeout=300)
+    return r, mark.exists()
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "directory"])
+def test_run_report_path_that_cannot_be_written_is_refused_before_the_script(tmp_path, where):
+    report = tmp_path / "no" / "such" / "dir" / "r.json" if where == "missing_dir" else tmp_path
+    r, ran = _run(tmp_path, str(report), 0)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert not ran  # the script never started
+    assert "Traceback" not in r.stderr
+    assert f"torch-renaissance run: --report {report}: cannot write: " in r.stderr
+    assert "the script was not run" in r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_run_report_that_fails_at_the_end_keeps_the_scripts_exit_code(tmp_path):
+    # /dev/full opens, but every write fails (ENOSPC): only known after the script ran.
+    r, ran = _run(tmp_path, "/dev/full", 3)
+    assert ran and r.returncode == 3, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert "torch-renaissance run: --report /dev/full: cannot write: " in r.stderr
+    assert "torch_renaissance memory report" in r.stderr  # the report still went to stderr
+
+
+def test_run_report_is_written_where_the_path_pointed_before_the_script_ran(tmp_path):
+    # The script changes directory and exits 5: the relative report path and the exit code
+    # both still refer to the start.
+    script = tmp_path / "script.py"
+    script.write_text("import os, sys\nos.chdir('/')\nsys.exit(5)\n")
+    (tmp_path / "old.json").write_text("x" * 100_000)  # longer than the report: truncated
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--report",
+                        "old.json", str(script)], capture_output=True, text=True,
+                       env=clean_env(), cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 5, r.stderr[-2000:]
+    rep = json.loads((tmp_path / "old.json").read_text())
+    assert rep["device"] == "cpu"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--steps", "0"], "--steps: must be at least 4"),
+    (["--steps", "3"], "--steps: must be at least 4"),
+    (["--steps", "-1"], "--steps: must be at least 4"),
+    (["--steps", "٣٠"], "--steps: not an integer: '٣٠'"),
+    (["--steps", "1_0"], "--steps: not an integer: '1_0'"),
+    (["--batch", "0"], "--batch: must be at least 1, got 0"),
+    (["--seq", "0"], "--seq: must be at least 1, got 0"),
+])
+def test_demo_rejects_too_few_steps_before_running_anything(argv, fragment, capsys, monkeypatch):
+    def no_run(*a, **k):
+        raise AssertionError("the demo must not start")
+
+    monkeypatch.setattr(cli, "_demo_run", no_run)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["demo", *argv])
+    assert info.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [
+    "٣",        # ARABIC-INDIC DIGIT THREE: int() reads 3
+    "３",       # FULLWIDTH DIGIT THREE
+    "1_000",    # int() reads 1000
+    "+3",
+    "0x_10",
+    "3 4",
+    "",
+])
+def test_config_numbers_are_plain_ascii(value, monkeypatch):
+    message = f"bad value {value!r} for config key 'max_reserved_mb'"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_conf(f"max_reserved_mb:{value}")
+    with pytest.raises(ValueError, match="max_reserved_mb"):
+        make_config(max_reserved_mb=value)
+    monkeypatch.setenv("TORCH_RENAISSANCE_CONF", f"max_variants:{value}")
+    with pytest.raises(ValueError, match="config key 'max_variants'"):
+        make_config()
+
+
+def test_config_numbers_that_stay_valid():
+    assert parse_conf("max_reserved_mb:3") == {"max_reserved_mb": 3}
+    assert parse_conf(" max_variants : 0x1F ") == {"max_variants": 31}
+    assert parse_conf("plan_budget_ms:0") == {"plan_budget_ms": 0}
+    assert make_config(max_reserved_mb="3").max_reserved_bytes == 3 << 20
+    assert make_config(max_reserved_bytes=4096).max_reserved_bytes == 4096
+
+
+@pytest.mark.parametrize("text, key", [
+    ("max_reserved_mb:3,max_reserved_mb:4", "max_reserved_mb"),
+    ("planning:true,stream_policy:wait,planning:false", "planning"),
+    ("max_variants:4, max_variants:4", "max_variants"),  # even with the same value
+])
+def test_config_key_given_twice_is_refused(text, key, monkeypatch):
+    with pytest.raises(ValueError, match=f"config key '{key}' is given twice"):
+        parse_conf(text)
+    monkeypatch.setenv("TORCH_RENAISSANCE_CONF", text)
+    with pytest.raises(ValueError, match=f"'{key}' is given twice"):
+        make_config()
+
+
+def test_both_units_of_the_reserved_limit_in_one_source_are_refused(monkeypatch):
+    with pytest.raises(ValueError, match="same limit in two units .in TORCH_RENAISSANCE_CONF"):
+        parse_conf("max_reserved_mb:1,max_reserved_bytes:4096")
+    with pytest.raises(ValueError, match="same limit in two units .as keyword arguments"):
+        make_config(max_reserved_mb=1, max_reserved_bytes=4096)
+    # One unit in the environment and the other as a keyword: the keyword wins (documented).
+    monkeypatch.setenv("TORCH_RENAISSANCE_CONF", "max_reserved_mb:1")
+    assert make_config(max_reserved_bytes=4096).max_reserved_bytes == 4096
