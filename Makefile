@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 #   make TORCH_INDEX="--extra-index-url https://download.pytorch.org/whl/cpu" test
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
-DEPS   := setuptools wheel pybind11 ninja rich pytest numpy matplotlib
+DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy matplotlib
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
@@ -23,6 +23,11 @@ $(VENV)/.deps:
 
 venv: $(VENV)/.deps
 
+# pytest-benchmark, also for a .venv made before it joined DEPS.
+$(VENV)/.bench-deps: $(VENV)/.deps
+	$(PIP) install -q pytest-benchmark
+	touch $@
+
 # Builds the extension and installs the package (editable: the compiled
 # torch_renaissance/_C*.so lands next to the sources); again only when a
 # C++ source or the build files changed.
@@ -35,14 +40,22 @@ build: $(VENV)/.built
 demo: build
 	$(VENV)/bin/torch-renaissance demo
 
-test: build
+# The tests, then every benchmark once, untimed and on small inputs, so that
+# the benchmarks cannot rot (about 15 s).
+test: build $(VENV)/.bench-deps
 	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q benchmarks --benchmark-disable
 
-# Each script prints its baseline beside our numbers (docs/benchmarks.md).
-bench: build
+# pytest-benchmark suites (one process: hot path, replay, planner, stream
+# events; each group prints our numbers beside its baseline, the JSON goes to
+# BENCH_JSON), then the scripts that need a process per configuration
+# (preloaded mallocs, PyTorch's default allocator). docs/benchmarks.md.
+BENCH_JSON ?= bench.json
+bench: build $(VENV)/.bench-deps
+	$(PY) -m pytest -q benchmarks --benchmark-only --benchmark-group-by=group \
+		--benchmark-json=$(BENCH_JSON)
+	$(PY) benchmarks/bench_json_table.py $(BENCH_JSON)
 	$(PY) benchmarks/bench_planner.py
-	$(PY) benchmarks/bench_core.py
-	$(PY) benchmarks/bench_streams.py
 	$(PY) benchmarks/bench_demo.py
 	$(PY) benchmarks/bench_model_slots.py
 

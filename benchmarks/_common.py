@@ -66,3 +66,30 @@ def git_rev() -> str:
                               text=True, timeout=20).stdout.strip() or "?"
     except (OSError, subprocess.SubprocessError):
         return "?"
+
+
+def per_op_table(benchmarks: list[dict]) -> str:
+    """A Markdown table of pytest-benchmark results per operation.
+
+    ``benchmarks``: dicts shaped like the entries of ``--benchmark-json``'s ``"benchmarks"``
+    (``group``, ``name``, ``stats.median`` in seconds, ``extra_info`` with ``ops_per_call``,
+    ``unit`` and ``baseline``). Per row: the median divided by the operations per call, in ns,
+    and the ratio to the group's baseline (the first benchmark of the group marked baseline).
+    """
+    rows = []
+    groups: dict = {}
+    for b in benchmarks:
+        info = b.get("extra_info", {})
+        if "ops_per_call" not in info:
+            continue
+        groups.setdefault(b.get("group") or "", []).append(b)
+    for group in sorted(groups):
+        items = groups[group]
+        per = {id(b): b["stats"]["median"] / b["extra_info"]["ops_per_call"] * 1e9 for b in items}
+        base = next((b for b in items if b["extra_info"].get("baseline")), None)
+        for b in sorted(items, key=lambda b: (not b["extra_info"].get("baseline"), b["name"])):
+            ratio = "baseline" if b is base else (f"{per[id(b)] / per[id(base)]:.2f} x" if base else "")
+            extra = ", ".join(f"{k}={v}" for k, v in sorted(b["extra_info"].items())
+                              if k not in ("ops_per_call", "unit", "baseline"))
+            rows.append([group, b["name"], f"{per[id(b)]:,.1f}", b["extra_info"]["unit"], ratio, extra])
+    return table(["group", "benchmark", "median ns / op", "op", "vs baseline", "notes"], rows)
