@@ -74,7 +74,7 @@ def per_op_table(benchmarks: list[dict]) -> str:
     ``benchmarks``: dicts shaped like the entries of ``--benchmark-json``'s ``"benchmarks"``
     (``group``, ``name``, ``stats.median`` in seconds, ``extra_info`` with ``ops_per_call``,
     ``unit`` and ``baseline``). Per row: the median divided by the operations per call, in ns,
-    and the ratio to the group's baseline (the first benchmark of the group marked baseline).
+    (in ns, us or ms) and the ratio to the group's baseline (the benchmark marked baseline).
     """
     rows = []
     groups: dict = {}
@@ -91,5 +91,14 @@ def per_op_table(benchmarks: list[dict]) -> str:
             ratio = "baseline" if b is base else (f"{per[id(b)] / per[id(base)]:.2f} x" if base else "")
             extra = ", ".join(f"{k}={v}" for k, v in sorted(b["extra_info"].items())
                               if k not in ("ops_per_call", "unit", "baseline"))
-            rows.append([group, b["name"], f"{per[id(b)]:,.1f}", b["extra_info"]["unit"], ratio, extra])
-    return table(["group", "benchmark", "median ns / op", "op", "vs baseline", "notes"], rows)
+            rows.append([group, b["name"], _duration(per[id(b)]), b["extra_info"]["unit"], ratio,
+                         extra])
+    return table(["group", "benchmark", "median per op", "op", "vs baseline", "notes"], rows)
+
+
+def _duration(ns: float) -> str:
+    if ns < 10_000:
+        return f"{ns:,.1f} ns"
+    if ns < 10_000_000:
+        return f"{ns / 1e3:,.1f} us"
+    return f"{ns / 1e6:,.1f} ms"
