@@ -67,7 +67,7 @@ Arena::~Arena() {
   for (auto& [base, seg] : segments_) {
     try {
       if (seg->expandable) {
-        if (seg->size) device_->unmap(seg->base, seg->size);
+        if (seg->size) device_->unmap_used_by(seg->base, seg->size, seg->streams);
         device_->release_range(seg->base, seg->capacity);
       } else {
         device_->release(seg->base, seg->size);
@@ -97,7 +97,7 @@ class Arena::Op {
 
  private:
   Arena& a_;
-  std::lock_guard<std::mutex> g_;
+  std::lock_guard<Mutex> g_;
 };
 
 void Arena::publish_locked() noexcept {
@@ -115,7 +115,7 @@ void Arena::publish_locked() noexcept {
 // ---------------------------------------------------------------------------
 
 void Arena::set_max_reserved_bytes(std::size_t bytes) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   config_.max_reserved_bytes = bytes;
 }
 
@@ -131,6 +131,18 @@ void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0) return nullptr;
   Op g(*this);
   return allocate_locked(size, stream);
+}
+
+void* Arena::allocate_cached(std::size_t size, StreamId stream) {
+  if (size == 0 || size > kMaxRequest) return nullptr;
+  Op g(*this);
+  const std::size_t rounded = round_up(size, unit_);
+  Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded);
+  if (!b) return nullptr;
+  b = take_locked(b, rounded);
+  mark_allocated_locked(b, size, stream);
+  if (steps_) steps_->on_allocated(b);
+  return b->ptr;
 }
 
 void* Arena::allocate_locked(std::size_t size, StreamId stream) {
@@ -165,7 +177,7 @@ void Arena::deallocate(void* ptr) {
 
 void Arena::record_stream(void* ptr, StreamId stream) {
   if (!ptr) return;
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   Block* b = live_block_locked(ptr, "record_stream on");
   if (stream == b->stream) return;
   if (std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
@@ -175,6 +187,7 @@ void Arena::record_stream(void* ptr, StreamId stream) {
                                 " does not have");
   }
   b->uses.push_back(stream);
+  b->segment->note_stream(stream);
   if (steps_) steps_->on_record_stream(b, stream);
 }
 
@@ -185,7 +198,7 @@ void Arena::empty_cache() {
 }
 
 void Arena::set_persistent_hint(bool on) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   persistent_hint_ = on;
 }
 
@@ -218,48 +231,48 @@ void Arena::end_step() {
 }
 
 bool Arena::in_step() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   return steps_ && steps_->in_step();
 }
 
 DeviceStats Arena::stats() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   return stats_;
 }
 
 PlanStats Arena::plan_stats() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   return steps_ ? steps_->stats() : PlanStats{};
 }
 
 std::pair<planner::Problem, std::vector<std::uint64_t>> Arena::last_plan() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   if (!steps_) return {};
   return {steps_->last_problem(), steps_->last_offsets()};
 }
 
 StepRecord Arena::last_step() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   return steps_ ? steps_->last_step() : StepRecord{};
 }
 
 void Arena::reset_peak_stats() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   stats_.reset_peak();
 }
 
 void Arena::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   stats_.reset_accumulated();
 }
 
 std::size_t Arena::block_size(void* ptr) const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   return live_block_locked(ptr, "block_size of")->size;
 }
 
 std::size_t Arena::largest_free_block() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   std::size_t best = 0;
   for (const FreeSet* s : {&small_free_, &large_free_, &persistent_free_}) {
     for (const Block* b : *s) best = std::max(best, b->size);
@@ -268,7 +281,7 @@ std::size_t Arena::largest_free_block() const {
 }
 
 std::vector<SegmentInfo> Arena::snapshot() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   std::vector<SegmentInfo> out;
   for (const auto& [base, seg] : segments_) {
     if (seg->size == 0) continue;
@@ -398,6 +411,7 @@ void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stre
   stats_.add(stats_.active, pool, 1);
   stats_.add(stats_.active_bytes, pool, size);
   ++b->segment->live;
+  b->segment->note_stream(stream);
   live_.emplace(b->ptr, b);
 }
 
@@ -550,7 +564,7 @@ void Arena::trim_tail_locked(Segment* seg) {
   const std::size_t start = round_up(static_cast<std::size_t>(last->ptr - seg->base), gran);
   if (start >= seg->size) return;
   const std::size_t bytes = seg->size - start;
-  device_->unmap(seg->base + start, bytes);  // may throw: nothing has changed yet
+  device_->unmap_used_by(seg->base + start, bytes, seg->streams);  // may throw: nothing has changed yet
   unindex_free_locked(last);
   ++stats_.num_device_free;
   stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
@@ -579,7 +593,7 @@ void Arena::release_segment_locked(Segment* seg) {
   }
   // The device first: if it fails, the arena is unchanged.
   if (seg->expandable) {
-    if (seg->size) device_->unmap(seg->base, seg->size);
+    if (seg->size) device_->unmap_used_by(seg->base, seg->size, seg->streams);
   } else {
     device_->release(seg->base, seg->size);
   }
@@ -972,7 +986,7 @@ std::string Arena::describe_pointer_locked(const void* ptr) const {
 }
 
 void Arena::check_invariants() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<Mutex> g(mu_);
   auto fail = [](const std::string& m) { throw std::logic_error("arena invariant: " + m); };
   std::int64_t allocated = 0, allocated_n = 0, requested = 0, active = 0, active_n = 0;
   std::int64_t reserved = 0, segments = 0, inactive = 0, inactive_n = 0, pending = 0;
