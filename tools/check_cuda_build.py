@@ -28,6 +28,10 @@ Run by ``make check-cuda`` (CI). Two steps:
    record_stream, graph and MemPool pools, peaks, memory fraction,
    snapshots, a second device and peer access.
 
+Every program built here is a debug build: ``-DTR_LOCK_ORDER_CHECK`` turns
+on the lock-order checker of ``csrc/core/lock_order.h``, so each test also
+checks that the glue and the core take their locks in the documented order.
+
 The CUDA toolkit is looked up in ``CUDA_HOME`` or ``/usr/local/cuda``. When it
 is absent the check fails, unless ``TORCH_RENAISSANCE_ALLOW_NO_CUDA=1``, in
 which case it prints why it skipped and exits 0. ``--torch-include DIR``
