@@ -44,6 +44,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -377,7 +378,12 @@ DeviceState& state(int device) {
       const std::size_t total = CudaDevice(device).mem_info().total_bytes;
       config.max_reserved_bytes = effective_limit(config.max_reserved_bytes, f->second, total);
     }
-    // The arena's first use of the device probes its virtual memory.
+    // The arena's first use of the device probes its virtual memory: with
+    // the device made current the way PyTorch does it, so that CudaDevice's
+    // own guard switches nothing (switching back with cudaSetDevice would
+    // put a context on the caller's device).
+    std::optional<DeviceScope> scope;
+    if (device < CudaDevice::device_count()) scope.emplace(static_cast<DeviceIndex>(device));
     r.owned.push_back(std::make_unique<DeviceState>(device, config));
     s = r.owned.back().get();
     r.devices[device].store(s, std::memory_order_release);
