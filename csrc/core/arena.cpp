@@ -187,7 +187,6 @@ void Arena::record_stream(void* ptr, StreamId stream) {
                                 " does not have");
   }
   b->uses.push_back(stream);
-  b->segment->note_stream(stream);
   if (steps_) steps_->on_record_stream(b, stream);
 }
 

@@ -40,7 +40,7 @@
 //   * unmap() synchronizes the device first: unlike cudaFree, cuMemUnmap
 //     does not wait for kernels that may still use the memory.
 //     unmap_used_by() synchronizes only the streams it is given (the arena
-//     passes the streams that allocated in or used the segment), as
+//     passes the streams blocks of the segment were allocated on), as
 //     PyTorch's expandable segments synchronize their stream.
 //     map() grants access to this device and to every peer added with
 //     add_peer_access().

@@ -749,7 +749,10 @@ void test_unmap_syncs_only_its_streams() {
     CHECK_EQ(after.live_handles, 0);
     CHECK_EQ(after.device_synchronizes, before.device_synchronizes);
     CHECK(after.stream_synchronizes > before.stream_synchronizes);
-    CHECK_EQ(after.unsafe_unmaps, 0);        // the allocating and the side stream were waited for
+    // The allocating stream was synchronized; the side stream's use was
+    // waited for (its event) before q's block became free.
+    CHECK_EQ(after.unsafe_unmaps, 0);
+    CHECK(after.event_synchronizes > before.event_synchronizes);
     CHECK(dev->query_event(kernel));
     CHECK(!dev->query_event(unrelated_work));  // the unrelated stream was not
     dev->destroy_event(kernel);
