@@ -90,14 +90,15 @@ Arena::~Arena() {
 // stats group (if any) before unlocking, whether the call returns or throws.
 class Arena::Op {
  public:
-  explicit Op(Arena& a) : a_(a), g_(a.mu_) {}
+  explicit Op(Arena& a) : a_(a), level_(&a.mu_), g_(a.mu_) {}
   ~Op() { a_.publish_locked(); }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
  private:
   Arena& a_;
-  std::lock_guard<Mutex> g_;
+  lock_order::Held<lock_order::kArena> level_;  // checked before the lock is taken
+  std::lock_guard<std::mutex> g_;
 };
 
 void Arena::publish_locked() noexcept {
@@ -115,7 +116,7 @@ void Arena::publish_locked() noexcept {
 // ---------------------------------------------------------------------------
 
 void Arena::set_max_reserved_bytes(std::size_t bytes) {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   config_.max_reserved_bytes = bytes;
 }
 
@@ -177,7 +178,7 @@ void Arena::deallocate(void* ptr) {
 
 void Arena::record_stream(void* ptr, StreamId stream) {
   if (!ptr) return;
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   Block* b = live_block_locked(ptr, "record_stream on");
   if (stream == b->stream) return;
   if (std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
@@ -197,7 +198,7 @@ void Arena::empty_cache() {
 }
 
 void Arena::set_persistent_hint(bool on) {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   persistent_hint_ = on;
 }
 
@@ -230,48 +231,48 @@ void Arena::end_step() {
 }
 
 bool Arena::in_step() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   return steps_ && steps_->in_step();
 }
 
 DeviceStats Arena::stats() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   return stats_;
 }
 
 PlanStats Arena::plan_stats() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   return steps_ ? steps_->stats() : PlanStats{};
 }
 
 std::pair<planner::Problem, std::vector<std::uint64_t>> Arena::last_plan() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   if (!steps_) return {};
   return {steps_->last_problem(), steps_->last_offsets()};
 }
 
 StepRecord Arena::last_step() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   return steps_ ? steps_->last_step() : StepRecord{};
 }
 
 void Arena::reset_peak_stats() {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   stats_.reset_peak();
 }
 
 void Arena::reset_accumulated_stats() {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   stats_.reset_accumulated();
 }
 
 std::size_t Arena::block_size(void* ptr) const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   return live_block_locked(ptr, "block_size of")->size;
 }
 
 std::size_t Arena::largest_free_block() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   std::size_t best = 0;
   for (const FreeSet* s : {&small_free_, &large_free_, &persistent_free_}) {
     for (const Block* b : *s) best = std::max(best, b->size);
@@ -280,7 +281,7 @@ std::size_t Arena::largest_free_block() const {
 }
 
 std::vector<SegmentInfo> Arena::snapshot() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   std::vector<SegmentInfo> out;
   for (const auto& [base, seg] : segments_) {
     if (seg->size == 0) continue;
@@ -985,7 +986,7 @@ std::string Arena::describe_pointer_locked(const void* ptr) const {
 }
 
 void Arena::check_invariants() const {
-  std::lock_guard<Mutex> g(mu_);
+  std::lock_guard<std::mutex> g(mu_);
   auto fail = [](const std::string& m) { throw std::logic_error("arena invariant: " + m); };
   std::int64_t allocated = 0, allocated_n = 0, requested = 0, active = 0, active_n = 0;
   std::int64_t reserved = 0, segments = 0, inactive = 0, inactive_n = 0, pending = 0;

@@ -282,8 +282,9 @@ class Arena {
   std::string describe_pointer_locked(const void* ptr) const;
   Block* live_block_locked(const void* ptr, const char* what) const;
 
-  using Mutex = lock_order::Mutex<lock_order::kArena>;
-  mutable Mutex mu_;
+  // Its lock level (core/lock_order.h) is checked by Op, the lock of every
+  // call that changes the arena (the others call nothing under it).
+  mutable std::mutex mu_;
   std::shared_ptr<Device> device_;
   ArenaConfig config_;
   std::size_t unit_;  // rounding and alignment of block sizes

@@ -9,6 +9,9 @@
 //     handle table) is taken last and nothing is taken while it is held.
 //     Two locks of one level are never held together (two arenas, two
 //     device states).
+//   * The arena's own mutex stays a std::mutex: its Op (the lock of every
+//     call that changes the arena) declares the level with Held<kArena>;
+//     read-only arena calls take it bare and call nothing under it.
 //   * Mutex<L> is a std::mutex (BasicLockable: std::lock_guard<Mutex<L>>,
 //     std::unique_lock<Mutex<L>>). Compiled with TR_LOCK_ORDER_CHECK (the
 //     fake-CUDA tests of make check-cuda are), each thread keeps the levels
@@ -78,6 +81,28 @@ class Mutex {
 
  private:
   std::mutex mu_;
+};
+
+// Declares, for its lifetime, that the calling thread holds a lock of level
+// L that is a plain std::mutex (the arena's, taken right after): checked
+// like Mutex<L>::lock() in debug builds, nothing otherwise. Construct it
+// before locking the mutex and destroy it after unlocking.
+template <Level L>
+class Held {
+ public:
+#ifdef TR_LOCK_ORDER_CHECK
+  explicit Held(const void* mutex) : mutex_(mutex) { acquire(L, mutex_); }
+  ~Held() { release(L, mutex_); }
+#else
+  explicit Held(const void*) {}
+#endif
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+ private:
+#ifdef TR_LOCK_ORDER_CHECK
+  const void* mutex_;
+#endif
 };
 
 }  // namespace renaissance::lock_order

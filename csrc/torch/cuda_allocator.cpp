@@ -618,12 +618,13 @@ void empty_cache_all(const MempoolId_t& id) {
     std::vector<std::shared_ptr<Arena>> dead;  // destroyed after the lock is released
     if (id == kDefaultPool) s.arena->empty_cache();
     std::lock_guard g(s.mu);
-    // Pools releasePool left: the default id empties all of them; a pool's
-    // id (~MemPool) empties that one, and the rest wait for the next
-    // allocation.
-    if (id == kDefaultPool) s.release_due.store(false, std::memory_order_release);
     s.release_unused_pools_locked(&dead, id == kDefaultPool ? nullptr : &id);
-    if (!s.windows.empty()) s.release_due.store(true, std::memory_order_release);
+    // Pools releasePool left: the default id has just emptied all of them
+    // (unless a window is open); a pool's id (~MemPool) only that one, and
+    // the rest wait for the next allocation.
+    if (id == kDefaultPool && s.windows.empty()) {
+      s.release_due.store(false, std::memory_order_release);
+    }
   });
 }
 
