@@ -32,7 +32,8 @@
 //     it cuts. Handles wholly inside it are unmapped and released (their
 //     memory goes back). A handle it only partly covers cannot give back
 //     part of its memory (CUDA frees a handle whole): its granules in the
-//     range are marked unmapped but stay mapped and held (held_bytes()),
+//     range are marked unmapped but stay mapped and held (held_bytes();
+//     a stale pointer into them reads old memory instead of faulting),
 //     and the handle is unmapped and released with its last granule; a
 //     later map() of a held granule takes it back without a new handle. So
 //     device memory is given back exactly where a release covers whole
@@ -47,7 +48,8 @@
 //   * Events are created with cudaEventDisableTiming; an EventId is the
 //     cudaEvent_t, a StreamId the cudaStream_t (0: the legacy default
 //     stream).
-//   * Thread safe: the VMM handle table has its own mutex; everything else
+//   * Thread safe: the VMM handle table has its own mutex (a leaf of
+//     core/lock_order.h: nothing is locked under it); everything else
 //     is stateless or the CUDA runtime's.
 #pragma once
 
