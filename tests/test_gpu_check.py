@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -61,6 +63,20 @@ FAKE = textwrap.dedent("""\
     echo "fake python: unexpected arguments: $*" >&2
     exit 99
     """)
+
+
+def _start(tmp_path, **env):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    full = dict(os.environ, PYTHON=str(fake), REAL_PYTHON=sys.executable,
+                FAKE_LOG=str(tmp_path / "calls.txt"), **env)
+    full.pop("TORCH_RENAISSANCE_CUDA_VMM", None)
+    full.pop("_TR_GPU_CHECK_INNER", None)
+    p = subprocess.Popen(["bash", SCRIPT, str(out)], env=full, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return p, out
 
 
 def _run(tmp_path, **env):
@@ -115,3 +131,24 @@ def test_out_of_time_prints_the_partial_table(tmp_path):
     # The metric rows are there, each saying why it has no number.
     row = next(line for line in log.splitlines() if line.startswith("| GPT step time (ms)"))
     assert row.count("not run: no time") == 3
+
+
+def test_stopped_run_still_prints_its_table(tmp_path):
+    # The run is stopped (SIGTERM to its whole process group) during the tests.
+    p, out = _start(tmp_path, FAKE_SMOKE_OK="1", FAKE_TESTS_S="60")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if "-m pytest" in (tmp_path / "calls.txt").read_text() if (tmp_path / "calls.txt").exists() else "":
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGTERM)
+    stdout, _ = p.communicate(timeout=60)
+    assert p.returncode == 1
+    steps = json.loads((out / "steps.json").read_text())
+    assert steps["tests"].startswith("INTERRUPTED after")
+    assert steps["benchmarks"] == "not run: no time"
+    log = (out / "log.txt").read_text()
+    assert "== interrupted after" in log
+    assert "| tests      | INTERRUPTED after" in log
+    assert log.rstrip().endswith(stdout.rstrip().splitlines()[-1])

@@ -44,8 +44,12 @@ OUT="$(cd "$1" && pwd)"
 if [ -z "${_TR_GPU_CHECK_INNER:-}" ]; then
   : > "$OUT/log.txt"
   # No process substitution: the pipeline ends only when tee has written
-  # everything, so the log is complete when this script returns.
-  _TR_GPU_CHECK_INNER=1 "$0" "$@" 2>&1 | tee -a "$OUT/log.txt"
+  # everything, so the log is complete when this script returns. tee
+  # ignores SIGINT and SIGTERM (sent to the whole process group when the
+  # run is stopped) so that the report the inner script prints then still
+  # reaches the log; it ends when the inner script does.
+  trap 'true' INT TERM
+  _TR_GPU_CHECK_INNER=1 "$0" "$@" 2>&1 | ( trap '' INT TERM; exec tee -a "$OUT/log.txt" )
   exit "${PIPESTATUS[0]}"
 fi
 cd "$(dirname "$0")/../.."
@@ -80,8 +84,15 @@ step() {
   fi
   echo "== $name (timeout ${t} s): $*"
   local t0=$SECONDS rc
-  timeout -s INT --kill-after=10 "$t" "$@"
+  CURRENT="$name"
+  STEP_T0=$SECONDS
+  # In the background, so that a signal to the script is handled at once.
+  timeout -s INT --kill-after=10 "$t" "$@" &
+  CHILD=$!
+  wait "$CHILD"
   rc=$?
+  CHILD=""
+  CURRENT=""
   local dt=$(( SECONDS - t0 ))
   if [ $rc -eq 0 ]; then
     STATUS[$name]="ok (${dt} s)"
@@ -111,7 +122,20 @@ report() {
   echo
   timeout 15 "$PY" benchmarks/gpu/bench_gpu.py --report "$OUT"
 }
-trap 'echo "== interrupted after ${SECONDS} s"; report; exit 1' INT TERM
+CHILD=""
+CURRENT=""
+STEP_T0=0
+interrupted() {
+  echo "== interrupted after ${SECONDS} s"
+  if [ -n "$CHILD" ]; then
+    kill -TERM "$CHILD" 2>/dev/null
+    wait "$CHILD" 2>/dev/null
+  fi
+  [ -n "$CURRENT" ] && STATUS[$CURRENT]="INTERRUPTED after $(( SECONDS - STEP_T0 )) s"
+  report
+  exit 1
+}
+trap interrupted INT TERM
 
 echo "torch_renaissance GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), output in $OUT, budget ${BUDGET} s"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
