@@ -4,7 +4,9 @@ CPU-only build by default. The CUDA parts (``csrc/core/cuda_device.cpp`` and
 ``csrc/torch/cuda_allocator.cpp``) are added when the installed torch was built
 with CUDA and a CUDA toolkit is found (``CUDA_HOME`` or ``/usr/local/cuda``),
 unless ``TORCH_RENAISSANCE_CUDA=0``; ``TORCH_RENAISSANCE_CUDA=1`` requires them.
-Use ``MAX_JOBS=2`` on small machines.
+``TORCH_RENAISSANCE_DEBUG=1`` makes a debug build: the lock-order checker of
+``csrc/core/lock_order.h`` on (a lock taken out of order raises). Use
+``MAX_JOBS=2`` on small machines.
 """
 from __future__ import annotations
 
@@ -53,11 +55,14 @@ def _sources(with_cuda: bool) -> list[str]:
 def _extension():
     with_cuda = _want_cuda()
     ext = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
+    macros = [("TR_WITH_CUDA", "1")] if with_cuda else []
+    if (os.environ.get("TORCH_RENAISSANCE_DEBUG") or "").strip() in ("1", "true", "True", "yes"):
+        macros.append(("TR_LOCK_ORDER_CHECK", "1"))
     return ext(
         "torch_renaissance._C",
         _sources(with_cuda),
         include_dirs=[os.path.join(ROOT, "csrc")],
-        define_macros=[("TR_WITH_CUDA", "1")] if with_cuda else [],
+        define_macros=macros,
         extra_compile_args={"cxx": ["-O2", "-std=c++17", "-Wall", "-Wextra",
                                     "-fvisibility=hidden"]},
     )

@@ -28,6 +28,10 @@ Run by ``make check-cuda`` (CI). Two steps:
    record_stream, graph and MemPool pools, peaks, memory fraction,
    snapshots, a second device and peer access.
 
+Every program built here is a debug build: ``-DTR_LOCK_ORDER_CHECK`` turns
+on the lock-order checker of ``csrc/core/lock_order.h``, so each test also
+checks that the glue and the core take their locks in the documented order.
+
 The CUDA toolkit is looked up in ``CUDA_HOME`` or ``/usr/local/cuda``. When it
 is absent the check fails, unless ``TORCH_RENAISSANCE_ALLOW_NO_CUDA=1``, in
 which case it prints why it skipped and exits 0. ``--torch-include DIR``
@@ -51,8 +55,11 @@ CSRC = os.path.join(ROOT, "csrc")
 BUILD = os.path.join(ROOT, "build", "check-cuda")
 CXX = os.environ.get("CXX", "g++")
 WARN = ["-Wall", "-Wextra"]
+# Debug checks compiled into every program this check builds (see
+# csrc/core/lock_order.h).
+DEBUG = ["-DTR_LOCK_ORDER_CHECK"]
 # Our CUDA files must be warning-free; the rest of the core is only compiled.
-STRICT = {"csrc/core/cuda_device.cpp", "csrc/torch/cuda_allocator.cpp",
+STRICT = {"csrc/core/cuda_device.cpp", "csrc/core/lock_order.cpp", "csrc/torch/cuda_allocator.cpp",
           "csrc/python/cuda_bindings.cpp", "tests/cuda_fake/fake_cuda.cpp",
           "tests/cuda_fake/test_cuda_device.cpp"}
 FAKE = ["tests/cuda_fake/fake_cuda.cpp", "tests/cuda_fake/test_cuda_device.cpp"]
@@ -208,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     main_src = os.path.join(BUILD, "cuda_smoke_main.cpp")
     with open(main_src, "w") as f:
         f.write(SMOKE_MAIN)
-    base = [CXX, "-std=c++17", "-O1", "-fPIC", *WARN, f"-I{CSRC}", f"-I{cuda_inc}"]
+    # The fake-CUDA programs are the debug build: the lock-order checker is on.
+    base = [CXX, "-std=c++17", "-O1", "-fPIC", *WARN, *DEBUG, f"-I{CSRC}", f"-I{cuda_inc}"]
     jobs = []
     obj_of: dict[str, str] = {}
     for src in core + [os.path.relpath(main_src, ROOT)] + FAKE:
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         inc_flags = [f"-I{CSRC}", *(f"-isystem{i}" for i in incs),
                      *([f"-isystem{stub}"] if stub else []), f"-isystem{py_inc}",
                      *pyb, f"-isystem{cuda_inc}"]
-        flags = [CXX, "-std=c++17", "-O0", "-fPIC", "-fvisibility=hidden", *WARN, "-Werror",
+        flags = [CXX, "-std=c++17", "-O0", "-fPIC", "-fvisibility=hidden", *WARN, *DEBUG, "-Werror",
                  *glue_defs, *inc_flags]
         tag = str(len(glue_objs))
         obj = os.path.join(BUILD, f"cuda_allocator.{tag}.o")

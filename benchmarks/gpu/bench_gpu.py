@@ -335,9 +335,9 @@ def _model_slots(seconds: float) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
-def _cell(r, keys: tuple, fmt) -> str:
+def _cell(r, keys: tuple, fmt, missing: str = "not run") -> str:
     if r is None:
-        return "not run"
+        return missing
     v = r
     for k in keys:
         if not isinstance(v, dict) or k not in v:
@@ -361,8 +361,13 @@ def table(results: dict) -> str:
     ]
     cfgs = results.get("configs", {})
     names = list(CONFIGS)
+    steps = dict(results.get("steps", {}))
+    mode = steps.pop("mode", "")
+    bench = steps.get("benchmarks", "")
+    # A configuration the run never reached: why (e.g. "not run: no time").
+    missing = bench if bench.startswith("not run") else "not run"
     head = ["metric"] + [LABELS[n] for n in names]
-    body = [[title] + [_cell(cfgs.get(n), keys, fmt) for n in names]
+    body = [[title] + [_cell(cfgs.get(n), keys, fmt, missing) for n in names]
             for title, keys, fmt in rows]
     widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
 
@@ -370,15 +375,17 @@ def table(results: dict) -> str:
         return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                  for i, (c, w) in enumerate(zip(cells, widths))) + " |"
 
+    out = [f"MODE: {mode}"] if mode else []
     if not results.get("configs"):
-        out = ["no benchmark results (see the steps below and log.txt)"]
+        out.append("no benchmark results (see the steps below and log.txt)")
     else:
-        out = [f"GPU: {results.get('gpu')} (driver {results.get('driver')}); torch "
-               f"{results.get('torch')}, CUDA {results.get('cuda')}; {results.get('date')}; "
-               f"commit {results.get('commit')}"]
-    steps = results.get("steps", {})
+        out.append(f"GPU: {results.get('gpu')} (driver {results.get('driver')}); torch "
+                   f"{results.get('torch')}, CUDA {results.get('cuda')}; {results.get('date')}; "
+                   f"commit {results.get('commit')}")
     if steps:
-        out.append("; ".join(f"{k}: {v}" for k, v in steps.items()))
+        w = max(len(k) for k in steps)
+        out += [f"| {'step'.ljust(w)} | status", f"|{'-' * (w + 2)}|{'-' * 8}"]
+        out += [f"| {k.ljust(w)} | {v}" for k, v in steps.items()]
     out += [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in body]
     for n in names:

@@ -67,7 +67,7 @@ Arena::~Arena() {
   for (auto& [base, seg] : segments_) {
     try {
       if (seg->expandable) {
-        if (seg->size) device_->unmap(seg->base, seg->size);
+        if (seg->size) device_->unmap_used_by(seg->base, seg->size, seg->streams);
         device_->release_range(seg->base, seg->capacity);
       } else {
         device_->release(seg->base, seg->size);
@@ -90,13 +90,14 @@ Arena::~Arena() {
 // stats group (if any) before unlocking, whether the call returns or throws.
 class Arena::Op {
  public:
-  explicit Op(Arena& a) : a_(a), g_(a.mu_) {}
+  explicit Op(Arena& a) : a_(a), level_(&a.mu_), g_(a.mu_) {}
   ~Op() { a_.publish_locked(); }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
  private:
   Arena& a_;
+  lock_order::Held<lock_order::kArena> level_;  // checked before the lock is taken
   std::lock_guard<std::mutex> g_;
 };
 
@@ -131,6 +132,18 @@ void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0) return nullptr;
   Op g(*this);
   return allocate_locked(size, stream);
+}
+
+void* Arena::allocate_cached(std::size_t size, StreamId stream) {
+  if (size == 0 || size > kMaxRequest) return nullptr;
+  Op g(*this);
+  const std::size_t rounded = round_up(size, unit_);
+  Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded);
+  if (!b) return nullptr;
+  b = take_locked(b, rounded);
+  mark_allocated_locked(b, size, stream);
+  if (steps_) steps_->on_allocated(b);
+  return b->ptr;
 }
 
 void* Arena::allocate_locked(std::size_t size, StreamId stream) {
@@ -398,6 +411,7 @@ void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stre
   stats_.add(stats_.active, pool, 1);
   stats_.add(stats_.active_bytes, pool, size);
   ++b->segment->live;
+  b->segment->note_stream(stream);
   live_.emplace(b->ptr, b);
 }
 
@@ -550,7 +564,7 @@ void Arena::trim_tail_locked(Segment* seg) {
   const std::size_t start = round_up(static_cast<std::size_t>(last->ptr - seg->base), gran);
   if (start >= seg->size) return;
   const std::size_t bytes = seg->size - start;
-  device_->unmap(seg->base + start, bytes);  // may throw: nothing has changed yet
+  device_->unmap_used_by(seg->base + start, bytes, seg->streams);  // may throw: nothing has changed yet
   unindex_free_locked(last);
   ++stats_.num_device_free;
   stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
@@ -579,7 +593,7 @@ void Arena::release_segment_locked(Segment* seg) {
   }
   // The device first: if it fails, the arena is unchanged.
   if (seg->expandable) {
-    if (seg->size) device_->unmap(seg->base, seg->size);
+    if (seg->size) device_->unmap_used_by(seg->base, seg->size, seg->streams);
   } else {
     device_->release(seg->base, seg->size);
   }

@@ -41,6 +41,7 @@
 #include "core/block.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "core/lock_order.h"
 #include "core/planner.h"
 #include "core/stats.h"
 #include "core/stream_events.h"
@@ -149,6 +150,12 @@ class Arena {
   // raises OutOfMemoryError: for a caller with a fallback of its own (the
   // CUDA glue frees unused graph pools, then calls allocate()).
   void* try_allocate(std::size_t size, StreamId stream = 0);
+  // Only from a cached free block of `stream` (best fit): no growth, no
+  // memory given back, no waiting on pending uses. For lending a pool's
+  // free memory (MemPool(use_on_oom=True)) without changing what the pool
+  // has mapped: memory a CUDA graph's replays may write. nullptr when no
+  // free block fits (counts nothing).
+  void* allocate_cached(std::size_t size, StreamId stream = 0);
   // nullptr is a no-op. Raises InvalidPointerError (arena unchanged).
   void deallocate(void* ptr);
   // Adds a stream use: the block will not be reused before `stream`'s work
@@ -275,6 +282,8 @@ class Arena {
   std::string describe_pointer_locked(const void* ptr) const;
   Block* live_block_locked(const void* ptr, const char* what) const;
 
+  // Its lock level (core/lock_order.h) is checked by Op, the lock of every
+  // call that changes the arena (the others call nothing under it).
   mutable std::mutex mu_;
   std::shared_ptr<Device> device_;
   ArenaConfig config_;

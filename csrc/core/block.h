@@ -14,6 +14,7 @@
 //     every stream use it waits on has completed.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -70,10 +71,21 @@ struct Segment {
   // by address in plan_free instead of the best-fit set.
   std::size_t plan_top = 0;
   std::map<char*, Block*> plan_free;
+  // Every stream a block in it was allocated on: the streams whose work may
+  // still touch its free memory, synchronized before memory is unmapped
+  // (Device::unmap_used_by). Other streams' uses (record_stream) need no
+  // place here: a block they used becomes free only after their events
+  // completed, or after its allocating stream was made to wait for them
+  // (policy wait); planned blocks wait for their epoch events when the
+  // territory is demoted. Few (usually one); never shrinks.
+  std::vector<StreamId> streams;
   bool retire = false;       // release to the device once it is wholly free
   bool persistent = false;   // holds what a recorded step's optimizer made
 
   bool in_territory(const Block* b) const { return b->ptr < base + plan_top; }
+  void note_stream(StreamId s) {
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+  }
   bool wholly_free() const {
     return head && head->next == nullptr && head->state == BlockState::kFree;
   }

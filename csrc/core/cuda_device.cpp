@@ -5,12 +5,14 @@
 #include <cuda.h>  // driver API types only: the functions come from entry points
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "core/errors.h"
+#include "core/lock_order.h"
 
 namespace renaissance {
 
@@ -90,6 +92,7 @@ bool env_disables_vmm() {
 
 struct CudaDevice::Vmm {
   decltype(&::cuGetErrorString) error_string = nullptr;
+  decltype(&::cuGetErrorName) error_name = nullptr;  // optional
   decltype(&::cuDeviceGetAttribute) get_attribute = nullptr;
   decltype(&::cuMemGetAllocationGranularity) get_granularity = nullptr;
   decltype(&::cuMemAddressReserve) address_reserve = nullptr;
@@ -101,20 +104,36 @@ struct CudaDevice::Vmm {
   decltype(&::cuMemSetAccess) set_access = nullptr;
 
   std::size_t granularity = 0;
+  std::size_t max_handle = 0;  // kMaxHandleBytes rounded down to granules (>= one)
   CUmemAllocationProp prop{};
   std::vector<CUmemAccessDesc> access;  // this device, then each peer (guarded by mu)
 
-  std::mutex mu;
+  lock_order::Mutex<lock_order::kLeaf> mu;  // held while calling the driver only
+  struct Handle {
+    CUmemGenericAllocationHandle handle = 0;
+    std::size_t bytes = 0;  // mapped whole at its offset
+    std::size_t live = 0;   // its granules not unmapped by unmap()
+  };
+  struct Granule {
+    std::size_t handle = 0;  // offset of the handle backing it
+    bool unmapped = false;   // unmap() was given it; still held by its handle
+  };
   struct Range {
     std::size_t bytes = 0;
-    std::map<std::size_t, CUmemGenericAllocationHandle> granules;  // offset -> handle
+    std::map<std::size_t, Handle> handles;    // by offset
+    std::map<std::size_t, Granule> granules;  // by offset: every granule a handle maps
   };
   std::map<std::uintptr_t, Range> ranges;  // by base address
+  std::size_t held = 0;                    // bytes of unmapped granules still held
 
   std::string text(CUresult r) const {
     const char* s = nullptr;
-    if (error_string && error_string(r, &s) == CUDA_SUCCESS && s) return s;
-    return "CUresult " + std::to_string(static_cast<int>(r));
+    std::string out = error_string && error_string(r, &s) == CUDA_SUCCESS && s
+                          ? std::string(s)
+                          : "CUresult " + std::to_string(static_cast<int>(r));
+    const char* n = nullptr;
+    if (error_name && error_name(r, &n) == CUDA_SUCCESS && n) out += std::string(" (") + n + ")";
+    return out;
   }
   [[noreturn]] void fail(CUresult r, const char* call, int device) const {
     throw DeviceError(std::string("torch_renaissance: ") + call + " failed on cuda:" +
@@ -179,6 +198,7 @@ void CudaDevice::init_vmm() const {
         {"cuMemUnmap", resolve("cuMemUnmap", &v->unmap)},
         {"cuMemSetAccess", resolve("cuMemSetAccess", &v->set_access)},
     };
+    (void)resolve("cuGetErrorName", &v->error_name);  // optional: names the error in messages
     for (const Sym& s : syms) {
       if (!s.ok) {
         vmm_status_ = std::string("off: ") + s.name + " not found in the CUDA driver";
@@ -201,13 +221,71 @@ void CudaDevice::init_vmm() const {
       vmm_status_ = "off: cuMemGetAllocationGranularity failed: " + v->text(r);
       return;
     }
+    v->max_handle = std::max(v->granularity, kMaxHandleBytes / v->granularity * v->granularity);
     CUmemAccessDesc own{};
     own.location = v->prop.location;
     own.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     v->access.push_back(own);
+    const std::string refused = probe_vmm(*v);
+    if (!refused.empty()) {
+      vmm_status_ = "off: the driver refused a probe mapping: " + refused;
+      vmm_refusal_ = "torch_renaissance: " + name() + " refused CUDA virtual memory (" + refused +
+                     "): expandable segments are off on this device; memory comes from "
+                     "cudaMalloc segments";
+      return;
+    }
     vmm_status_ = "on (granularity " + format_bytes(v->granularity) + ")";
     vmm_ = std::move(v);
   });
+}
+
+std::string CudaDevice::probe_vmm(const Vmm& v) const {
+  DeviceGuard guard(index_);
+  RelaxedCapture relaxed(index_);
+  const std::size_t g = v.granularity;
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0;
+  bool have_va = false, have_h = false, mapped = false;
+  const char* call = "cuMemAddressReserve";
+  CUresult r = v.address_reserve(&va, g, g, 0, 0);
+  if (r == CUDA_SUCCESS) {
+    have_va = true;
+    call = "cuMemCreate";
+    r = v.create(&h, g, &v.prop, 0);
+  }
+  if (r == CUDA_SUCCESS) {
+    have_h = true;
+    call = "cuMemMap";
+    r = v.map(va, g, 0, h, 0);
+  }
+  if (r == CUDA_SUCCESS) {
+    mapped = true;
+    call = "cuMemSetAccess";
+    r = v.set_access(va, g, v.access.data(), 1);
+  }
+  if (r == CUDA_SUCCESS) {
+    call = "cuMemUnmap";
+    r = v.unmap(va, g);
+    mapped = r != CUDA_SUCCESS;
+  }
+  if (r == CUDA_SUCCESS) {
+    call = "cuMemRelease";
+    r = v.release(h);
+    have_h = r != CUDA_SUCCESS;
+  }
+  if (r == CUDA_SUCCESS) {
+    call = "cuMemAddressFree";
+    r = v.address_free(va, g);
+    have_va = r != CUDA_SUCCESS;
+  }
+  // Undo what a failure left (best effort: the answer is already known).
+  if (mapped) (void)v.unmap(va, g);
+  if (have_h) (void)v.release(h);
+  if (have_va) (void)v.address_free(va, g);
+  (void)cudaGetLastError();
+  // Out of memory says nothing about support: the arena copes with it.
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY) return std::string();
+  return std::string(call) + " failed: " + v.text(r);
 }
 
 // ---------------------------------------------------------------------------
@@ -240,11 +318,11 @@ CudaDevice::~CudaDevice() {
   if (!vmm_) return;
   // Normally empty: arenas give back what they reserved. Best effort only:
   // the driver may already be shutting down.
-  std::lock_guard<std::mutex> g(vmm_->mu);
+  std::lock_guard g(vmm_->mu);
   for (auto& [base, range] : vmm_->ranges) {
-    for (auto& [off, h] : range.granules) {
-      (void)vmm_->unmap(static_cast<CUdeviceptr>(base + off), vmm_->granularity);
-      (void)vmm_->release(h);
+    for (auto& [off, h] : range.handles) {
+      (void)vmm_->unmap(static_cast<CUdeviceptr>(base + off), h.bytes);
+      (void)vmm_->release(h.handle);
     }
     (void)vmm_->address_free(static_cast<CUdeviceptr>(base), range.bytes);
   }
@@ -304,9 +382,21 @@ std::string CudaDevice::vmm_status() const {
   return vmm_status_;
 }
 
+std::string CudaDevice::vmm_refusal() const {
+  init_vmm();
+  return vmm_refusal_;
+}
+
+std::size_t CudaDevice::held_bytes() const {
+  init_vmm();
+  if (!vmm_) return 0;
+  std::lock_guard g(vmm_->mu);
+  return vmm_->held;
+}
+
 void* CudaDevice::reserve_range(std::size_t bytes) {
   if (!supports_address_ranges() || bytes == 0 || bytes % vmm_->granularity) return nullptr;
-  std::lock_guard<std::mutex> g(vmm_->mu);
+  std::lock_guard g(vmm_->mu);
   RelaxedCapture relaxed(index_);
   CUdeviceptr p = 0;
   const CUresult r = vmm_->address_reserve(&p, bytes, vmm_->granularity, 0, 0);
@@ -321,13 +411,13 @@ void CudaDevice::release_range(void* base, std::size_t bytes) {
   if (!supports_address_ranges()) {
     throw DeviceError("torch_renaissance: release_range on " + name() + " without address ranges");
   }
-  std::lock_guard<std::mutex> g(vmm_->mu);
+  std::lock_guard g(vmm_->mu);
   auto it = vmm_->ranges.find(reinterpret_cast<std::uintptr_t>(base));
   if (it == vmm_->ranges.end() || it->second.bytes != bytes) {
     throw DeviceError("torch_renaissance: release_range of an address range " + name() +
                       " did not reserve");
   }
-  if (!it->second.granules.empty()) {
+  if (!it->second.handles.empty()) {
     throw DeviceError("torch_renaissance: release_range of a range that still has mapped memory");
   }
   const CUresult r = vmm_->address_free(static_cast<CUdeviceptr>(it->first), bytes);
@@ -340,96 +430,176 @@ bool CudaDevice::map(void* ptr, std::size_t bytes) {
   Vmm& v = *vmm_;
   const std::size_t gran = v.granularity;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> g(v.mu);
+  std::lock_guard g(v.mu);
   std::uintptr_t base = 0;
   Vmm::Range* range = v.find(p, bytes, &base);
   if (!range || bytes == 0 || bytes % gran || (p - base) % gran) {
     throw DeviceError("torch_renaissance: map of a range that is not granule aligned inside an "
                       "address range of " + name());
   }
-  const std::size_t first = p - base;
-  for (std::size_t off = first; off < first + bytes; off += gran) {
-    if (range->granules.count(off)) {
+  const std::size_t first = p - base, end = first + bytes;
+  std::size_t fresh = 0;  // bytes that need new handles (the rest is held, unmapped granules)
+  for (std::size_t off = first; off < end; off += gran) {
+    auto it = range->granules.find(off);
+    if (it == range->granules.end()) {
+      fresh += gran;
+    } else if (!it->second.unmapped) {
       throw DeviceError("torch_renaissance: map of memory that is already mapped on " + name());
     }
   }
   DeviceGuard guard(index_);
   RelaxedCapture relaxed(index_);
-  // Refuse at once what cannot fit, instead of creating handles one granule
-  // at a time until the device runs out (and undoing them all).
-  std::size_t free_b = 0, total_b = 0;
-  TR_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  if (bytes > free_b) return false;
-  std::vector<std::pair<std::size_t, CUmemGenericAllocationHandle>> made;
+  std::vector<std::pair<std::size_t, Vmm::Handle>> made;  // by offset
   auto rollback = [&] {
     for (auto& [off, h] : made) {
-      (void)v.unmap(static_cast<CUdeviceptr>(base + off), gran);
-      (void)v.release(h);
+      (void)v.unmap(static_cast<CUdeviceptr>(base + off), h.bytes);
+      (void)v.release(h.handle);
     }
   };
-  for (std::size_t off = first; off < first + bytes; off += gran) {
-    CUmemGenericAllocationHandle h = 0;
-    CUresult r = v.create(&h, gran, &v.prop, 0);
+  if (fresh) {
+    // Refuse at once what cannot fit, instead of creating handles until the
+    // device runs out (and undoing them all).
+    std::size_t free_b = 0, total_b = 0;
+    TR_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (fresh > free_b) return false;
+    // Each run of granules without a handle gets handles of at most
+    // max_handle bytes.
+    for (std::size_t off = first; off < end;) {
+      if (range->granules.count(off)) {
+        off += gran;
+        continue;
+      }
+      std::size_t run_end = off;
+      while (run_end < end && !range->granules.count(run_end)) run_end += gran;
+      for (; off < run_end;) {
+        const std::size_t sz = std::min(v.max_handle, run_end - off);
+        Vmm::Handle h;
+        h.bytes = sz;
+        h.live = sz / gran;
+        CUresult r = v.create(&h.handle, sz, &v.prop, 0);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+          rollback();
+          return false;
+        }
+        if (r != CUDA_SUCCESS) {
+          rollback();
+          v.fail(r, "cuMemCreate", index_);
+        }
+        r = v.map(static_cast<CUdeviceptr>(base + off), sz, 0, h.handle, 0);
+        if (r != CUDA_SUCCESS) {
+          (void)v.release(h.handle);
+          rollback();
+          v.fail(r, "cuMemMap", index_);
+        }
+        made.emplace_back(off, h);
+        off += sz;
+      }
+    }
+    // One call may span several mappings (held granules keep their access).
+    const CUresult r = v.set_access(static_cast<CUdeviceptr>(p), bytes, v.access.data(), v.access.size());
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
       rollback();
       return false;
     }
     if (r != CUDA_SUCCESS) {
       rollback();
-      v.fail(r, "cuMemCreate", index_);
+      v.fail(r, "cuMemSetAccess", index_);
     }
-    r = v.map(static_cast<CUdeviceptr>(base + off), gran, 0, h, 0);
-    if (r != CUDA_SUCCESS) {
-      (void)v.release(h);
-      rollback();
-      v.fail(r, "cuMemMap", index_);
-    }
-    made.emplace_back(off, h);
   }
-  const CUresult r = v.set_access(static_cast<CUdeviceptr>(p), bytes, v.access.data(), v.access.size());
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    rollback();
-    return false;
+  for (std::size_t off = first; off < end; off += gran) {  // held granules come back
+    auto it = range->granules.find(off);
+    if (it == range->granules.end()) continue;
+    it->second.unmapped = false;
+    ++range->handles[it->second.handle].live;
+    v.held -= gran;
   }
-  if (r != CUDA_SUCCESS) {
-    rollback();
-    v.fail(r, "cuMemSetAccess", index_);
+  for (auto& [off, h] : made) {
+    for (std::size_t o = off; o < off + h.bytes; o += gran) range->granules[o] = Vmm::Granule{off, false};
+    range->handles.emplace(off, h);
   }
-  for (auto& [off, h] : made) range->granules.emplace(off, h);
   return true;
 }
 
-void CudaDevice::unmap(void* ptr, std::size_t bytes) {
+void CudaDevice::unmap(void* ptr, std::size_t bytes) { unmap_impl(ptr, bytes, nullptr); }
+
+void CudaDevice::unmap_used_by(void* ptr, std::size_t bytes, const std::vector<StreamId>& streams) {
+  unmap_impl(ptr, bytes, &streams);
+}
+
+void CudaDevice::unmap_impl(void* ptr, std::size_t bytes, const std::vector<StreamId>* streams) {
   if (!supports_address_ranges()) {
     throw DeviceError("torch_renaissance: unmap on " + name() + " without address ranges");
   }
   Vmm& v = *vmm_;
   const std::size_t gran = v.granularity;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> g(v.mu);
+  std::lock_guard g(v.mu);
   std::uintptr_t base = 0;
   Vmm::Range* range = v.find(p, bytes, &base);
   if (!range || bytes % gran || (p - base) % gran) {
     throw DeviceError("torch_renaissance: unmap of a range that is not granule aligned inside "
                       "an address range of " + name());
   }
-  const std::size_t first = p - base;
-  for (std::size_t off = first; off < first + bytes; off += gran) {
-    if (!range->granules.count(off)) {
+  const std::size_t first = p - base, end = first + bytes;
+  std::map<std::size_t, std::size_t> covered;  // handle offset -> its granules in the range
+  for (std::size_t off = first; off < end; off += gran) {
+    auto it = range->granules.find(off);
+    if (it == range->granules.end() || it->second.unmapped) {
       throw DeviceError("torch_renaissance: unmap of memory that is not mapped on " + name());
     }
+    ++covered[it->second.handle];
   }
   DeviceGuard guard(index_);
   // Kernels still queued may use the memory: cuMemUnmap does not wait.
-  TR_CUDA_CHECK(cudaDeviceSynchronize());
-  for (std::size_t off = first; off < first + bytes; off += gran) {
-    auto it = range->granules.find(off);
-    CUresult r = v.unmap(static_cast<CUdeviceptr>(base + off), gran);
-    if (r != CUDA_SUCCESS) v.fail(r, "cuMemUnmap", index_);
-    r = v.release(it->second);
-    range->granules.erase(it);
-    if (r != CUDA_SUCCESS) v.fail(r, "cuMemRelease", index_);
+  if (!streams) {
+    TR_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    std::vector<StreamId> done;
+    for (StreamId s : *streams) {
+      if (std::find(done.begin(), done.end(), s) != done.end()) continue;
+      done.push_back(s);
+      TR_CUDA_CHECK(cudaStreamSynchronize(to_stream(s)));
+    }
   }
+  // Handles whose last mapped granules these are go back to the driver; a
+  // failure leaves the ones not yet given back as they were.
+  std::vector<std::size_t> freed;
+  for (auto& [hoff, n] : covered) {
+    Vmm::Handle& h = range->handles[hoff];
+    if (h.live != n) continue;
+    CUresult r = v.unmap(static_cast<CUdeviceptr>(base + hoff), h.bytes);
+    if (r != CUDA_SUCCESS) {
+      for (std::size_t f : freed) {
+        const Vmm::Handle& fh = range->handles[f];
+        for (std::size_t o = f; o < f + fh.bytes; o += gran) {
+          if (range->granules[o].unmapped) v.held -= gran;
+          range->granules.erase(o);
+        }
+        range->handles.erase(f);
+      }
+      v.fail(r, "cuMemUnmap", index_);
+    }
+    freed.push_back(hoff);
+  }
+  CUresult release_error = CUDA_SUCCESS;
+  for (std::size_t f : freed) {
+    const Vmm::Handle& fh = range->handles[f];
+    for (std::size_t o = f; o < f + fh.bytes; o += gran) {
+      if (range->granules[o].unmapped) v.held -= gran;  // held by it until now
+      range->granules.erase(o);
+    }
+    const CUresult r = v.release(fh.handle);
+    if (r != CUDA_SUCCESS && release_error == CUDA_SUCCESS) release_error = r;
+    range->handles.erase(f);
+  }
+  for (std::size_t off = first; off < end; off += gran) {  // the rest stays held
+    auto it = range->granules.find(off);
+    if (it == range->granules.end()) continue;
+    it->second.unmapped = true;
+    --range->handles[it->second.handle].live;
+    v.held += gran;
+  }
+  if (release_error != CUDA_SUCCESS) v.fail(release_error, "cuMemRelease", index_);
 }
 
 void CudaDevice::add_peer_access(int peer) {
@@ -442,7 +612,7 @@ void CudaDevice::add_peer_access(int peer) {
   }
   if (!supports_address_ranges()) return;
   Vmm& v = *vmm_;
-  std::lock_guard<std::mutex> g(v.mu);
+  std::lock_guard g(v.mu);
   for (const CUmemAccessDesc& a : v.access) {
     if (a.location.id == peer) return;
   }
@@ -452,14 +622,13 @@ void CudaDevice::add_peer_access(int peer) {
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   DeviceGuard guard(index_);
   RelaxedCapture relaxed(index_);
-  // One call per run of contiguous mapped granules (a call may span several
-  // mappings).
+  // One call per run of contiguous handles (a call may span several mappings).
   for (auto& [base, range] : v.ranges) {
-    auto it = range.granules.begin();
-    while (it != range.granules.end()) {
+    auto it = range.handles.begin();
+    while (it != range.handles.end()) {
       const std::size_t start = it->first;
-      std::size_t end = start + v.granularity;
-      for (++it; it != range.granules.end() && it->first == end; ++it) end += v.granularity;
+      std::size_t end = start + it->second.bytes;
+      for (++it; it != range.handles.end() && it->first == end; ++it) end += it->second.bytes;
       const CUresult r = v.set_access(static_cast<CUdeviceptr>(base + start), end - start, &desc, 1);
       if (r != CUDA_SUCCESS) v.fail(r, "cuMemSetAccess", index_);
     }

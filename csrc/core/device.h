@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace renaissance {
 
@@ -60,6 +61,15 @@ class Device {
   // Backs [ptr, ptr + bytes) with memory. false: refused (out of memory).
   virtual bool map(void* /*ptr*/, std::size_t /*bytes*/) { return false; }
   virtual void unmap(void* /*ptr*/, std::size_t /*bytes*/) {}
+  // The same, where the caller knows that only work enqueued on `streams`
+  // may still touch [ptr, ptr + bytes) (every block there is free, and the
+  // other streams' uses of them have completed): a backend whose unmap does
+  // not wait for the device (CUDA VMM) synchronizes just those streams
+  // instead of the whole device, as PyTorch's expandable segments do.
+  // Backends without that concern unmap as above.
+  virtual void unmap_used_by(void* ptr, std::size_t bytes, const std::vector<StreamId>& /*streams*/) {
+    unmap(ptr, bytes);
+  }
 
   // --- streams and events -------------------------------------------------
   // False for a stream id this backend can never record on (checked when a

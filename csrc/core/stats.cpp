@@ -21,7 +21,7 @@ void DeviceStats::reset_accumulated() {
 }
 
 void StatsGroup::publish(const DeviceStats& now, DeviceStats& published) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   for_each_stat(
       [](Stat& t, const Stat& n, Stat& p) {
         if (n.current == p.current) return;
@@ -33,22 +33,22 @@ void StatsGroup::publish(const DeviceStats& now, DeviceStats& published) {
 }
 
 void StatsGroup::withdraw(const DeviceStats& published) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   for_each_stat([](Stat& t, const Stat& p) { t.current -= p.current; }, totals_, published);
 }
 
 DeviceStats StatsGroup::totals() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   return totals_;
 }
 
 std::int64_t StatsGroup::reserved_current() const {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   return totals_.reserved_bytes[0].current;
 }
 
 void StatsGroup::reset_peak() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   totals_.reset_peak();
 }
 

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/lock_order.h"
+
 namespace renaissance {
 
 struct Stat {
@@ -122,7 +124,7 @@ class StatsGroup {
   void reset_peak();
 
  private:
-  mutable std::mutex mu_;
+  mutable lock_order::Mutex<lock_order::kStatsGroup> mu_;
   DeviceStats totals_;
 };
 

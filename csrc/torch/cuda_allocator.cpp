@@ -1,5 +1,19 @@
 // cuda_allocator.cpp - see cuda_allocator.h for the invariants.
 //
+// Lock order (core/lock_order.h; checked at run time in builds with
+// TR_LOCK_ORDER_CHECK, which make check-cuda's fake-CUDA tests use). A
+// thread takes locks only in this order, never two of one level:
+//   1. the registry (Registry::mu): device states, install, fractions;
+//   2. a device state (DeviceState::mu): its pools, windows, retired stats;
+//   3. an arena (Arena::mu_, inside every Arena call);
+//   4. the device's stats group (StatsGroup::mu_, inside Arena calls);
+//   leaves, last, with nothing taken under them: a pointer-table shard
+//   (PointerTable::Shard::mu), the OOM observer list (Registry::observers_mu)
+//   and CudaDevice's handle table.
+// So: no arena call while a shard or the observer list is held; no glue
+// lock from code the arena calls back (observers and warnings run with no
+// lock held); a device state is never locked while an arena is.
+//
 // Compiles against PyTorch 2.11 and 2.13 (the CUDAAllocator interface
 // differs between them: 2.13 adds pure virtual attachOomRejectionObserver,
 // which the method below overrides by signature where it exists, and more
@@ -30,6 +44,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -38,6 +53,7 @@
 #include "core/cuda_device.h"
 #include "core/cuda_stream.h"
 #include "core/errors.h"
+#include "core/lock_order.h"
 
 namespace renaissance::cuda {
 namespace {
@@ -141,7 +157,11 @@ class DeviceState {
   const std::shared_ptr<Arena> arena;       // the default pool; lives for the process
 
   std::atomic<int> windows_open{0};  // fast check on the allocation path
-  std::mutex mu;                     // guards everything below
+  // Set by releasePool (which makes no CUDA call): pools whose use count
+  // went to 0 are destroyed at the next allocation or emptyCache of the
+  // device (settle_released_pools).
+  std::atomic<bool> release_due{false};
+  lock_order::Mutex<lock_order::kDeviceState> mu;  // guards everything below
   std::map<MempoolId_t, PoolEntry> pools;
   std::vector<Window> windows;
   DeviceStats retired;  // stats of destroyed pools
@@ -273,12 +293,12 @@ class PointerTable {
  public:
   void insert(void* p, const Owner& o) {
     Shard& s = shard(p);
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     s.map[p] = o;
   }
   bool take(void* p, Owner* o) {
     Shard& s = shard(p);
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     auto it = s.map.find(p);
     if (it == s.map.end()) return false;
     *o = it->second;
@@ -287,7 +307,7 @@ class PointerTable {
   }
   bool find(const void* p, Owner* o) {
     Shard& s = shard(p);
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     auto it = s.map.find(p);
     if (it == s.map.end()) return false;
     *o = it->second;
@@ -297,7 +317,7 @@ class PointerTable {
  private:
   static constexpr std::size_t kShards = 16;
   struct Shard {
-    std::mutex mu;
+    lock_order::Mutex<lock_order::kLeaf> mu;
     std::unordered_map<const void*, Owner> map;
   };
   Shard& shard(const void* p) {
@@ -312,14 +332,14 @@ class PointerTable {
 class RenaissanceCudaAllocator;
 
 struct Registry {
-  std::mutex mu;
+  lock_order::Mutex<lock_order::kRegistry> mu;
   ArenaConfig config;
   std::array<std::atomic<DeviceState*>, kMaxDevices> devices{};
   std::vector<std::unique_ptr<DeviceState>> owned;
   std::map<int, double> fractions;  // set_per_process_memory_fraction, by device
   std::shared_ptr<RenaissanceCudaAllocator> allocator;  // set by install()
   PointerTable pointers;
-  std::mutex observers_mu;
+  lock_order::Mutex<lock_order::kLeaf> observers_mu;
   std::vector<CCA::OutOfMemoryObserver> oom_observers;
 };
 
@@ -348,17 +368,31 @@ DeviceState& state(int device) {
     throw DeviceError("torch_renaissance: invalid CUDA device index " + std::to_string(device));
   }
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  if (DeviceState* s = r.devices[device].load(std::memory_order_acquire)) return *s;
-  ArenaConfig config = r.config;
-  auto f = r.fractions.find(device);
-  if (f != r.fractions.end()) {
-    const std::size_t total = CudaDevice(device).mem_info().total_bytes;
-    config.max_reserved_bytes = effective_limit(config.max_reserved_bytes, f->second, total);
+  DeviceState* s = nullptr;
+  {
+    std::lock_guard g(r.mu);
+    if (DeviceState* known = r.devices[device].load(std::memory_order_acquire)) return *known;
+    ArenaConfig config = r.config;
+    auto f = r.fractions.find(device);
+    if (f != r.fractions.end()) {
+      const std::size_t total = CudaDevice(device).mem_info().total_bytes;
+      config.max_reserved_bytes = effective_limit(config.max_reserved_bytes, f->second, total);
+    }
+    // The arena's first use of the device probes its virtual memory: with
+    // the device made current the way PyTorch does it, so that CudaDevice's
+    // own guard switches nothing (switching back with cudaSetDevice would
+    // put a context on the caller's device).
+    std::optional<DeviceScope> scope;
+    if (device < CudaDevice::device_count()) scope.emplace(static_cast<DeviceIndex>(device));
+    r.owned.push_back(std::make_unique<DeviceState>(device, config));
+    s = r.owned.back().get();
+    r.devices[device].store(s, std::memory_order_release);
   }
-  r.owned.push_back(std::make_unique<DeviceState>(device, config));
-  DeviceState* s = r.owned.back().get();
-  r.devices[device].store(s, std::memory_order_release);
+  // Once per device (its state is made once), outside the lock: the
+  // warning handler may run Python.
+  if (const std::string refused = s->device->vmm_refusal(); !refused.empty()) {
+    TORCH_WARN(refused);
+  }
   return *s;
 }
 
@@ -375,7 +409,7 @@ void for_each_state(F f) {
   DeviceStats st;
   std::size_t limit = 0;
   {
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     st = s.stats_locked();
     limit = s.pool_config.max_reserved_bytes;
   }
@@ -390,7 +424,7 @@ void for_each_state(F f) {
   std::vector<CCA::OutOfMemoryObserver> observers;
   {
     Registry& r = registry();
-    std::lock_guard<std::mutex> g(r.observers_mu);
+    std::lock_guard g(r.observers_mu);
     observers = r.oom_observers;
   }
   // As PyTorch: (device, the failed request, the limit or the device's total, free).
@@ -412,21 +446,58 @@ void for_each_state(F f) {
 // --- allocation and free ----------------------------------------------------------
 
 // The last resort before an out-of-memory error, as PyTorch's allocator
-// does: the free blocks of pools created with use_on_oom (a MemPool that
-// lends its memory). Not for allocations a window routes to its own pool.
+// does: the cached free blocks of pools created with use_on_oom (a MemPool
+// that lends its memory), never more. Not for allocations a window routes
+// to its own pool.
 void* borrow_from_pools(DeviceState& s, std::size_t size, StreamId sid, int device,
                         cudaStream_t stream) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(s.mu);
+  std::lock_guard g(s.mu);
   if (s.route_locked(stream)) return nullptr;
   for (auto& [id, p] : s.pools) {
     if (!p.use_on_oom) continue;
-    if (void* ptr = p.arena->try_allocate(size, sid)) {
+    // Its free blocks only: growing the pool or trimming it (what a full
+    // attempt may do) would change memory a live graph's replays write.
+    if (void* ptr = p.arena->allocate_cached(size, sid)) {
       r.pointers.insert(ptr, Owner{p.arena.get(), id, device});
       return ptr;
     }
   }
   return nullptr;
+}
+
+// Reports an error that must not escape (a destructor's call, a deferred
+// clean-up) on stderr, once per process and kind.
+void report_once(std::atomic<bool>& said, const char* what, const char* error) {
+  if (said.exchange(true)) return;
+  std::fprintf(stderr, "torch_renaissance: %s: %s (reported once; the work is retried later)\n",
+               what, error);
+}
+
+// Destroys the pools releasePool left with a use count of 0 that hold no
+// live or pending block (see DeviceState::release_due). Pools still waiting
+// on another stream's use are looked at again next time. Raises DeviceError;
+// the caller has the device current.
+void settle_released_pools(DeviceState& s) {
+  if (!s.release_due.exchange(false, std::memory_order_acq_rel)) return;
+  std::vector<std::shared_ptr<Arena>> dead;  // destroyed after the lock is released
+  std::lock_guard g(s.mu);
+  try {
+    if (!s.windows.empty()) {  // endAllocateToPool takes them when the last window closes
+      s.release_due.store(true, std::memory_order_release);
+      return;
+    }
+    dead = s.take_idle_pools_locked();
+    for (auto& [id, p] : s.pools) {
+      if (p.use_count <= 0 && p.arena->stats().pending_bytes.current > 0) {
+        s.release_due.store(true, std::memory_order_release);
+        break;
+      }
+    }
+  } catch (...) {
+    s.release_due.store(true, std::memory_order_release);
+    throw;
+  }
 }
 
 void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
@@ -436,11 +507,21 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
     DeviceState& s = state(device);
     DeviceScope scope(static_cast<DeviceIndex>(device));
     const StreamId sid = stream_id(stream);
+    if (s.release_due.load(std::memory_order_acquire)) {
+      // Not this allocation's business: a failure (e.g. a sticky CUDA error
+      // of an earlier kernel) is reported, and the allocation goes on.
+      static std::atomic<bool> said{false};
+      try {
+        settle_released_pools(s);
+      } catch (const std::exception& e) {
+        report_once(said, "destroying a released CUDA graph pool failed", e.what());
+      }
+    }
     // Serves the request from the newest window's pool that takes `stream`,
     // or from the default arena. last: raise OutOfMemoryError, else nullptr.
     auto place = [&](bool last) -> void* {
       if (s.windows_open.load(std::memory_order_acquire) > 0) {
-        std::unique_lock<std::mutex> g(s.mu);
+        std::unique_lock g(s.mu);
         if (const Window* w = s.route_locked(stream)) {
           const MempoolId_t id = w->id;
           Arena& pool = *s.pool_locked(id).arena;
@@ -460,7 +541,7 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
     {
       std::vector<std::shared_ptr<Arena>> dead;
       {
-        std::lock_guard<std::mutex> g(s.mu);
+        std::lock_guard g(s.mu);
         s.release_unused_pools_locked(&dead);
       }
     }  // `dead` is destroyed here, outside the lock: its memory goes back
@@ -480,7 +561,7 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
 void release_pool_if_idle(int device, const MempoolId_t& id) {
   DeviceState* s = find_state(device);
   if (!s) return;
-  std::unique_lock<std::mutex> g(s->mu);
+  std::unique_lock g(s->mu);
   auto it = s->pools.find(id);
   if (it == s->pools.end() || it->second.use_count > 0 || !s->windows.empty()) return;
   // Only now a CUDA call may come: taking the pool may query events, and
@@ -536,8 +617,14 @@ void empty_cache_all(const MempoolId_t& id) {
     DeviceScope scope(static_cast<DeviceIndex>(s.index));
     std::vector<std::shared_ptr<Arena>> dead;  // destroyed after the lock is released
     if (id == kDefaultPool) s.arena->empty_cache();
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     s.release_unused_pools_locked(&dead, id == kDefaultPool ? nullptr : &id);
+    // Pools releasePool left: the default id has just emptied all of them
+    // (unless a window is open); a pool's id (~MemPool) only that one, and
+    // the rest wait for the next allocation.
+    if (id == kDefaultPool && s.windows.empty()) {
+      s.release_due.store(false, std::memory_order_release);
+    }
   });
 }
 
@@ -583,7 +670,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
 
   double getMemoryFraction(DeviceIndex device) override {
     Registry& r = registry();
-    std::lock_guard<std::mutex> g(r.mu);
+    std::lock_guard g(r.mu);
     auto it = r.fractions.find(device);
     return it == r.fractions.end() ? 1.0 : it->second;
   }
@@ -595,7 +682,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     // The registry's lock is held throughout, so that concurrent calls
     // leave the stored fraction and the applied limit in agreement.
     Registry& r = registry();
-    std::lock_guard<std::mutex> g(r.mu);
+    std::lock_guard g(r.mu);
     DeviceState* s = find_state(device);
     if (s) {
       DeviceScope scope(device);
@@ -605,7 +692,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
       } catch (const std::exception& e) {
         TORCH_CHECK(false, e.what());
       }
-      std::lock_guard<std::mutex> gs(s->mu);
+      std::lock_guard gs(s->mu);
       s->set_limit_locked(effective_limit(r.config.max_reserved_bytes, fraction, total));
     }
     r.fractions[device] = fraction;
@@ -621,7 +708,24 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     return out;
   }
 
-  void emptyCache(MempoolId_t mempool_id) override { empty_cache_all(mempool_id); }
+  void emptyCache(MempoolId_t mempool_id) override {
+    if (mempool_id == kDefaultPool) {
+      empty_cache_all(mempool_id);
+      return;
+    }
+    // A pool's id comes from ~MemPool (after releasePool), a destructor:
+    // nothing may escape; what fails is retried at the next allocation.
+    static std::atomic<bool> said{false};
+    try {
+      empty_cache_all(mempool_id);
+    } catch (const std::exception& e) {
+      for_each_state([](DeviceState& s) { s.release_due.store(true, std::memory_order_release); });
+      report_once(said, "emptying a released MemPool failed", e.what());
+    } catch (...) {
+      for_each_state([](DeviceState& s) { s.release_due.store(true, std::memory_order_release); });
+      report_once(said, "emptying a released MemPool failed", "unknown error");
+    }
+  }
   void enable(bool value) override {
     if (!value) {
       TORCH_WARN_ONCE("torch_renaissance always caches CUDA memory (its arenas are the cache): "
@@ -641,7 +745,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     DeviceScope scope(device);
     std::size_t best = 0;
     {
-      std::lock_guard<std::mutex> g(s.mu);
+      std::lock_guard g(s.mu);
       best = s.arena->largest_free_block();
       for (auto& [id, p] : s.pools) best = std::max(best, p.arena->largest_free_block());
     }
@@ -675,7 +779,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     DeviceStats st;
     std::vector<std::pair<MempoolId_t, StatArray>> per_pool;
     {
-      std::lock_guard<std::mutex> g(s->mu);
+      std::lock_guard g(s->mu);
       st = s->stats_locked(&per_pool);
     }
     to_c10(out.allocation, st.allocation);
@@ -700,7 +804,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   }
   void resetAccumulatedStats(DeviceIndex device) override {
     if (DeviceState* s = find_state(device)) {
-      std::lock_guard<std::mutex> g(s->mu);
+      std::lock_guard g(s->mu);
       s->arena->reset_accumulated_stats();
       for (auto& [id, p] : s->pools) p.arena->reset_accumulated_stats();
       s->retired.reset_accumulated();
@@ -708,7 +812,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   }
   void resetPeakStats(DeviceIndex device) override {
     if (DeviceState* s = find_state(device)) {
-      std::lock_guard<std::mutex> g(s->mu);
+      std::lock_guard g(s->mu);
       s->arena->reset_peak_stats();
       for (auto& [id, p] : s->pools) p.arena->reset_peak_stats();
       s->retired.reset_peak();
@@ -723,7 +827,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
       devices = std::max(devices, s.index + 1);
       std::vector<std::pair<MempoolId_t, std::shared_ptr<Arena>>> arenas;
       {
-        std::lock_guard<std::mutex> g(s.mu);
+        std::lock_guard g(s.mu);
         if (mempool_id == kDefaultPool) arenas.emplace_back(kDefaultPool, s.arena);
         for (auto& [id, p] : s.pools) {
           if (mempool_id == kDefaultPool || id == mempool_id) arenas.emplace_back(id, p.arena);
@@ -741,7 +845,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   // CUDA graphs and MemPools --------------------------------------------------
   void beginAllocateToPool(DeviceIndex device, MempoolId_t mempool_id, Filter filter) override {
     DeviceState& s = checked_state(device);
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     ++s.pool_locked(mempool_id).use_count;
     s.windows.push_back(Window{mempool_id, std::move(filter)});
     if (s.windows.size() == 1) s.set_capturing_locked(true);
@@ -751,7 +855,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
     DeviceState& s = checked_state(device);
     DeviceScope scope(device);  // leaving capture mode may give memory back
     std::vector<std::shared_ptr<Arena>> dead;
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     for (auto it = s.windows.rbegin(); it != s.windows.rend(); ++it) {
       if (it->id == mempool_id) {
         s.windows.erase(std::next(it).base());
@@ -770,23 +874,32 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
       dead = s.take_idle_pools_locked();
     }
   }
-  void releasePool(DeviceIndex device, MempoolId_t mempool_id) override {
-    DeviceState* s = find_state(device);
-    if (!s) return;
-    DeviceScope scope(device);  // a pool destroyed here gives its memory back
-    std::shared_ptr<Arena> dead;
-    {
-      std::lock_guard<std::mutex> g(s->mu);
+  // PyTorch calls this from ~CUDAGraph and ~MemPool, destructors that must
+  // not throw. As PyTorch's own releasePool, it makes no CUDA call: it only
+  // drops a use; a pool nobody uses any more is destroyed at the next
+  // allocation or emptyCache of the device (its blocks freed with a stream
+  // use need event queries, and destroying it gives memory back). Nothing
+  // escapes (a failure is reported on stderr once).
+  void releasePool(DeviceIndex device, MempoolId_t mempool_id) noexcept override {
+    static std::atomic<bool> said{false};
+    try {
+      DeviceState* s = find_state(device);
+      if (!s) return;
+      std::lock_guard g(s->mu);
       auto it = s->pools.find(mempool_id);
       if (it == s->pools.end()) return;
       if (it->second.use_count > 0) --it->second.use_count;
-      dead = s->take_idle_pool_locked(mempool_id);
+      if (it->second.use_count == 0) s->release_due.store(true, std::memory_order_release);
+    } catch (const std::exception& e) {
+      report_once(said, "releasePool failed", e.what());
+    } catch (...) {
+      report_once(said, "releasePool failed", "unknown error");
     }
   }
   int getPoolUseCount(DeviceIndex device, MempoolId_t mempool_id) override {
     DeviceState* s = find_state(device);
     if (!s) return 0;
-    std::lock_guard<std::mutex> g(s->mu);
+    std::lock_guard g(s->mu);
     auto it = s->pools.find(mempool_id);
     return it == s->pools.end() ? 0 : it->second.use_count;
   }
@@ -797,7 +910,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
                 "allocator (", allocator ? allocator->name() : std::string(),
                 ") is not supported while torch_renaissance is installed for CUDA");
     DeviceState& s = checked_state(device);
-    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard g(s.mu);
     ++s.pool_locked(mempool_id).use_count;
   }
   // MemPool(use_on_oom=True): its free blocks serve allocations outside it
@@ -805,7 +918,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   void setUseOnOOM(DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
     DeviceState* s = find_state(device);
     if (!s) return;
-    std::lock_guard<std::mutex> g(s->mu);
+    std::lock_guard g(s->mu);
     auto it = s->pools.find(mempool_id);
     if (it != s->pools.end()) it->second.use_on_oom = use_on_oom;
   }
@@ -844,7 +957,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   bool isHistoryEnabled() override { return false; }  // recordHistory records nothing
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
     Registry& r = registry();
-    std::lock_guard<std::mutex> g(r.observers_mu);
+    std::lock_guard g(r.observers_mu);
     r.oom_observers.push_back(std::move(observer));
   }
   // Overrides CUDAAllocator::attachOomRejectionObserver where it exists
@@ -930,7 +1043,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
   static CCA::AllocatorConfigInfo config_info() {
     CCA::AllocatorConfigInfo info{};
     Registry& r = registry();
-    std::lock_guard<std::mutex> g(r.mu);
+    std::lock_guard g(r.mu);
     info.garbage_collection_threshold = 0.0;
     info.max_split_size = std::numeric_limits<std::size_t>::max();
     info.expandable_segments = r.config.expandable_segments;
@@ -949,7 +1062,7 @@ class RenaissanceCudaAllocator final : public CCA::CUDAAllocator {
 
 bool configure(const ArenaConfig& config) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
+  std::lock_guard g(r.mu);
   if (!r.owned.empty()) return false;
   r.config = config;
   return true;
@@ -957,7 +1070,7 @@ bool configure(const ArenaConfig& config) {
 
 void install(const ArenaConfig& config) {
   Registry& r = registry();
-  std::unique_lock<std::mutex> g(r.mu);
+  std::unique_lock g(r.mu);
   if (r.allocator) return;
   CCA::CUDAAllocator* current = CCA::allocator.load();
   if (current && current->initialized()) {
@@ -991,7 +1104,7 @@ void install(const ArenaConfig& config) {
 
 bool installed() {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
+  std::lock_guard g(r.mu);
   return r.allocator != nullptr;
 }
 
@@ -1002,7 +1115,7 @@ std::string vmm_status(int device) { return state(device).device->vmm_status(); 
 int private_pool_count(int device) {
   DeviceState* s = find_state(device);
   if (!s) return 0;
-  std::lock_guard<std::mutex> g(s->mu);
+  std::lock_guard g(s->mu);
   return static_cast<int>(s->pools.size());
 }
 

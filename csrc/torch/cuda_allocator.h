@@ -9,8 +9,12 @@
 //     device (the device index comes from the call), living until the
 //     process exits; one more arena per private pool (CUDA graph capture or
 //     torch.cuda.MemPool), created by beginAllocateToPool /
-//     createOrIncrefPool and released once its use count is 0 and it holds
-//     no live or pending block.
+//     createOrIncrefPool and destroyed once its use count is 0 and it holds
+//     no live or pending block: when its last block is freed, or at the
+//     next allocation or emptyCache of the device after releasePool (which,
+//     as PyTorch's, makes no CUDA call and never throws: ~CUDAGraph and
+//     ~MemPool call it). A pool with a positive use count never gives
+//     memory back; a use_on_oom pool lends only its cached free blocks.
 //   * Every pointer handed out is in a pointer table that names its arena,
 //     so frees, record_stream and block lookups reach the right arena; a
 //     pointer not in it is not ours (recordStream ignores it, raw_delete

@@ -33,6 +33,7 @@ struct Mapping {
 };
 struct Stream {
   bool busy = false;
+  bool unrelated = false;  // its work never touches the memory under test
   std::uint64_t issued = 0;  // work items enqueued while busy
   std::uint64_t done = 0;    // of those, completed
 };
@@ -65,6 +66,7 @@ struct State {
   bool capturing = false;
   std::set<std::pair<int, int>> peers;  // (device, peer) with peer access enabled
   std::set<int> contexts;  // devices with a primary context
+  cudaError_t sticky = cudaSuccess;
 };
 
 State& state() {
@@ -122,7 +124,7 @@ bool handle_mapped(const State& s, CUmemGenericAllocationHandle h) {
 
 bool incomplete_work(const State& s) {
   for (const auto& [stream, st] : s.streams) {
-    if (st.done < st.issued) return true;
+    if (!st.unrelated && st.done < st.issued) return true;
   }
   return false;
 }
@@ -143,6 +145,17 @@ CUresult fake_cuGetErrorString(CUresult r, const char** out) {
     case CUDA_ERROR_ILLEGAL_ADDRESS:
       *out = "an illegal memory access was encountered";
       return CUDA_SUCCESS;
+    default: *out = nullptr; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult fake_cuGetErrorName(CUresult r, const char** out) {
+  switch (r) {
+    case CUDA_SUCCESS: *out = "CUDA_SUCCESS"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: *out = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY: *out = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_SUPPORTED: *out = "CUDA_ERROR_NOT_SUPPORTED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *out = "CUDA_ERROR_ILLEGAL_ADDRESS"; return CUDA_SUCCESS;
     default: *out = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
 }
@@ -211,6 +224,7 @@ CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   std::lock_guard<std::mutex> g(s.mu);
   int code = 0;
   if (injected(s, "cuMemCreate", &code)) return static_cast<CUresult>(code);
+  if (s.sticky != cudaSuccess) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (t_mode != cudaStreamCaptureModeRelaxed) ++s.counters.allocations_not_relaxed;
   const int dev = prop->location.id;
   if (size == 0 || size % s.config.granularity || dev < 0 || dev >= s.config.devices) {
@@ -264,6 +278,7 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
   std::lock_guard<std::mutex> g(s.mu);
   int code = 0;
   if (injected(s, "cuMemMap", &code)) return static_cast<CUresult>(code);
+  if (s.sticky != cudaSuccess) return CUDA_ERROR_ILLEGAL_ADDRESS;
   auto h = s.handles.find(handle);
   const auto gs = granules(s, ptr, size);
   if (h == s.handles.end() || h->second.released || offset != 0 || gs.empty() ||
@@ -307,6 +322,7 @@ CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
   std::lock_guard<std::mutex> g(s.mu);
   int code = 0;
   if (injected(s, "cuMemUnmap", &code)) return static_cast<CUresult>(code);
+  if (s.sticky != cudaSuccess) return CUDA_ERROR_ILLEGAL_ADDRESS;
   capture_check(s);
   const auto gs = granules(s, ptr, size);
   if (gs.empty()) return CUDA_ERROR_INVALID_VALUE;
@@ -333,6 +349,7 @@ CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
 const std::map<std::string, void*>& driver_table() {
   static const std::map<std::string, void*> table = {
       {"cuGetErrorString", reinterpret_cast<void*>(&fake_cuGetErrorString)},
+      {"cuGetErrorName", reinterpret_cast<void*>(&fake_cuGetErrorName)},
       {"cuDeviceGetAttribute", reinterpret_cast<void*>(&fake_cuDeviceGetAttribute)},
       {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&fake_cuMemGetAllocationGranularity)},
       {"cuMemAddressReserve", reinterpret_cast<void*>(&fake_cuMemAddressReserve)},
@@ -370,6 +387,7 @@ void reset(const Config& config) {
   s.capturing = false;
   s.peers.clear();
   s.contexts.clear();
+  s.sticky = cudaSuccess;
   t_device = 0;
   t_last_error = cudaSuccess;
   t_mode = cudaStreamCaptureModeGlobal;
@@ -385,6 +403,18 @@ void fail_next(const std::string& function, int code, int skip) {
   State& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   s.faults[function] = {skip, code};
+}
+
+void set_sticky_error(cudaError_t err) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  s.sticky = err;
+}
+
+void set_unrelated(cudaStream_t stream) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  s.streams[stream].unrelated = true;
 }
 
 void hide_symbol(const std::string& symbol) {
@@ -455,6 +485,13 @@ using fake_cuda::t_mode;
     if (fake_cuda::injected(s, name, &fake_code_)) {                 \
       return fake_cuda::fail(static_cast<cudaError_t>(fake_code_));  \
     }                                                                \
+  } while (0)
+
+// FAKE_INJECT, then the sticky error, for calls that do work on a device.
+#define FAKE_WORK(s, name)                                           \
+  do {                                                               \
+    FAKE_INJECT(s, name);                                            \
+    if (s.sticky != cudaSuccess) return fake_cuda::fail(s.sticky);   \
   } while (0)
 
 const char* cudaGetErrorString(cudaError_t err) {
@@ -534,7 +571,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaMalloc");
+  FAKE_WORK(s, "cudaMalloc");
   fake_cuda::touch(s);
   if (t_mode != cudaStreamCaptureModeRelaxed) ++s.counters.allocations_not_relaxed;
   const int dev = t_device;
@@ -556,7 +593,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 cudaError_t cudaFree(void* ptr) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaFree");
+  FAKE_WORK(s, "cudaFree");
   fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   if (!ptr) return cudaSuccess;
@@ -573,7 +610,7 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaMemGetInfo");
+  FAKE_WORK(s, "cudaMemGetInfo");
   fake_cuda::touch(s);
   *total_bytes = s.config.capacity;
   *free_bytes = s.config.capacity - s.used[t_device];
@@ -583,7 +620,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 cudaError_t cudaDeviceSynchronize(void) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaDeviceSynchronize");
+  FAKE_WORK(s, "cudaDeviceSynchronize");
   fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   for (auto& [stream, st] : s.streams) st.done = st.issued;
@@ -591,10 +628,22 @@ cudaError_t cudaDeviceSynchronize(void) {
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  auto& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  FAKE_WORK(s, "cudaStreamSynchronize");
+  fake_cuda::touch(s);
+  fake_cuda::capture_check(s);
+  fake_cuda::Stream& st = s.streams[stream];
+  st.done = st.issued;
+  ++s.counters.stream_synchronizes;
+  return cudaSuccess;
+}
+
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaEventCreateWithFlags");
+  FAKE_WORK(s, "cudaEventCreateWithFlags");
   fake_cuda::touch(s);
   if (flags != cudaEventDisableTiming) return fake_cuda::fail(cudaErrorInvalidValue);
   *event = reinterpret_cast<cudaEvent_t>(s.next_event);
@@ -607,7 +656,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaEventDestroy");
+  FAKE_WORK(s, "cudaEventDestroy");
   if (!s.events.erase(event)) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
   --s.counters.live_events;
   return cudaSuccess;
@@ -616,7 +665,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaEventRecord");
+  FAKE_WORK(s, "cudaEventRecord");
   fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   auto it = s.events.find(event);
@@ -630,7 +679,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaEventQuery");
+  FAKE_WORK(s, "cudaEventQuery");
   fake_cuda::capture_check(s);
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
@@ -640,7 +689,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaEventSynchronize");
+  FAKE_WORK(s, "cudaEventSynchronize");
   fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   auto it = s.events.find(event);
@@ -656,7 +705,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   auto& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  FAKE_INJECT(s, "cudaStreamWaitEvent");
+  FAKE_WORK(s, "cudaStreamWaitEvent");
   fake_cuda::touch(s);
   fake_cuda::capture_check(s);
   if (!s.events.count(event) || flags != 0) return fake_cuda::fail(cudaErrorInvalidResourceHandle);

@@ -17,8 +17,10 @@
 //     and the mode each cudaMalloc / cuMemCreate ran under;
 //   * streams that can be made busy: an event recorded on a busy stream is
 //     not complete until the test completes that stream, a synchronize on
-//     it, or cudaDeviceSynchronize; cuMemUnmap while any stream has
-//     incomplete work is counted as unsafe (the driver does not wait);
+//     it, cudaStreamSynchronize on it, or cudaDeviceSynchronize; cuMemUnmap
+//     while a stream (other than those marked unrelated) has incomplete
+//     work is counted as unsafe (the driver does not wait);
+//   * a sticky error (set_sticky_error): every call doing device work fails;
 //   * VMM: address reservations are real PROT_NONE mappings, handles are
 //     charged to the device until released and unmapped (the driver frees a
 //     released handle at its last unmap), cuMemSetAccess makes granules readable and
@@ -60,6 +62,7 @@ struct Counters {
   std::int64_t handles_created = 0;
   std::int64_t allocations_not_relaxed = 0;  // cudaMalloc/cuMemCreate outside relaxed mode
   std::int64_t device_synchronizes = 0;
+  std::int64_t stream_synchronizes = 0;  // cudaStreamSynchronize calls that succeeded
   std::int64_t event_synchronizes = 0;
   std::int64_t unsafe_unmaps = 0;      // cuMemUnmap while a stream had incomplete work
   // Event record/query/synchronize/wait, device synchronize, cudaFree,
@@ -78,6 +81,14 @@ Counters counters();
 void fail_next(const std::string& function, int code, int skip = 0);
 // The entry-point query answers "symbol not found" for `symbol`.
 void hide_symbol(const std::string& symbol);
+// From now on every call that does work on a device (memory, events,
+// synchronization; not the device queries) fails with `err`, as after a
+// kernel's illegal memory access (a "sticky" error), until
+// set_sticky_error(cudaSuccess).
+void set_sticky_error(cudaError_t err);
+// Work on `stream` never touches the memory under test (an NCCL stream, a
+// data loader's): unmapping while it is busy is not unsafe.
+void set_unrelated(cudaStream_t stream);
 // True once a call did work on `device` (or made it current with
 // cudaSetDevice, which since CUDA 12 creates the primary context).
 bool has_context(int device);

@@ -27,6 +27,7 @@
 
 #include "check.h"
 #include "fake_cuda.h"
+#include "core/lock_order.h"
 #include "torch/cuda_allocator.h"
 
 extern "C" void* torch_renaissance_cuda_malloc(ssize_t size, int device, cudaStream_t stream);
@@ -472,11 +473,169 @@ void test_oom_observer_arguments() {
   check_clean();
 }
 
+
+// ~CUDAGraph (noexcept in torch 2.11) calls releasePool; ~MemPool then
+// emptyCache(id). With a sticky CUDA error at that moment (an earlier
+// kernel's illegal access) and a pool block freed with a stream use, nothing
+// may escape; the pool goes at a later allocation once CUDA works again.
+void test_release_pool_never_throws() {
+  const MempoolId_t g{4, 0};
+  fake_cuda::set_busy(side(), true);
+  begin(g);
+  c10::DataPtr x = alloc()->allocate(8 * MiB);
+  alloc()->recordStream(x, stream_of(kSide));
+  x.clear();  // pending on the side stream
+  alloc()->endAllocateToPool(0, g);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 1);
+  fake_cuda::set_sticky_error(cudaErrorIllegalAddress);
+  bool threw = false;
+  try {
+    alloc()->releasePool(0, g);
+    alloc()->emptyCache(g);
+  } catch (...) {
+    threw = true;
+  }
+  fake_cuda::set_sticky_error(cudaSuccess);
+  (void)cudaGetLastError();
+  CHECK(!threw);
+  CHECK_EQ(alloc()->getPoolUseCount(0, g), 0);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 1);  // not yet: resolved later
+  fake_cuda::complete(side());
+  fake_cuda::set_busy(side(), false);
+  void* p = alloc()->raw_alloc(MiB);  // the next allocation of the device settles it
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 0);
+  alloc()->raw_delete(p);
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+  check_clean();
+}
+
+// A MemPool(use_on_oom=True) a live CUDA graph was captured into lends its
+// cached blocks to an allocation that would otherwise fail, and nothing
+// more: it never grows for the borrower and never gives back memory the
+// graph's replays write.
+void test_use_on_oom_keeps_graph_memory() {
+  const MempoolId_t m{0, 88};
+  alloc()->createOrIncrefPool(0, m, nullptr);
+  alloc()->setUseOnOOM(0, m, true);
+  fake_cuda::set_capturing(true);
+  begin(m);  // torch.cuda.graph(pool=mempool.id): the graph's use
+  void* out = alloc()->raw_alloc(4 * MiB);  // the graph's output, kept
+  void* tmp = alloc()->raw_alloc(64 * MiB);  // an intermediate the replays reuse
+  alloc()->raw_delete(tmp);
+  alloc()->endAllocateToPool(0, m);
+  fake_cuda::set_capturing(false);
+  CHECK_EQ(alloc()->getPoolUseCount(0, m), 2);
+  std::vector<std::pair<char*, std::size_t>> graph_memory;
+  for (const auto& seg : alloc()->snapshot(m, false).segments) {
+    graph_memory.emplace_back(reinterpret_cast<char*>(seg.address), seg.total_size);
+  }
+  CHECK(!graph_memory.empty());
+  const auto all_mapped = [&] {
+    for (auto& [p, n] : graph_memory) {
+      if (!fake_cuda::accessible(p, n)) return false;
+    }
+    return true;
+  };
+  CHECK(all_mapped());
+  const auto pool_reserved = [&] {
+    std::int64_t sum = 0;
+    for (const auto& seg : alloc()->snapshot(m, false).segments) sum += static_cast<std::int64_t>(seg.total_size);
+    return sum;
+  };
+  const std::int64_t pool_before = pool_reserved();
+  // The default arena takes all but 8 MiB of the device.
+  alloc()->emptyCache(kDefault);
+  const std::int64_t free_now = std::int64_t(512) * MiB - fake_cuda::counters().used_bytes;
+  void* live = alloc()->raw_alloc(static_cast<std::size_t>(free_now - 8 * MiB));
+  // Fits the cached 64 MiB block: borrowed.
+  void* q = alloc()->raw_alloc(32 * MiB);
+  CHECK(q == tmp);
+  alloc()->raw_delete(q);
+  // Fits nothing cached: the pool would have to give its tail back (the
+  // graph's memory) or grow. Out of memory instead.
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(120 * MiB), "CUDA out of memory");
+  CHECK(all_mapped());
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(70 * MiB), "CUDA out of memory");
+  CHECK(all_mapped());
+  CHECK_EQ(pool_reserved(), pool_before);
+  // emptyCache while the graph lives leaves its memory too.
+  alloc()->emptyCache(kDefault);
+  CHECK(all_mapped());
+  alloc()->raw_delete(live);
+  alloc()->releasePool(0, m);  // the graph is reset
+  alloc()->raw_delete(out);
+  alloc()->setUseOnOOM(0, m, false);  // ~MemPool
+  alloc()->releasePool(0, m);
+  alloc()->emptyCache(m);
+  CHECK_EQ(renaissance::cuda::private_pool_count(0), 0);
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+  check_clean();
+}
+
+// torch.cuda.graph's entry (synchronize, empty_cache) and each settle step
+// after a plan give memory back: with the streams that used it
+// synchronized, never the whole device.
+void test_empty_cache_synchronizes_streams_only() {
+  void* p = alloc()->raw_alloc(64 * MiB);
+  alloc()->raw_delete(p);
+  const auto before = fake_cuda::counters();
+  alloc()->emptyCache(kDefault);
+  const auto after = fake_cuda::counters();
+  CHECK(after.used_bytes < before.used_bytes);
+  CHECK_EQ(after.device_synchronizes, before.device_synchronizes);
+  CHECK(after.stream_synchronizes > before.stream_synchronizes);
+  check_clean();
+}
+
+struct CountingWarnings : c10::WarningHandler {
+  std::vector<std::string> seen;
+  void process(const c10::Warning& w) override { seen.push_back(w.msg()); }
+};
+
+// A device whose driver reports VMM support and refuses the mapping: one
+// warning naming the error, allocations from cudaMalloc segments, stats right.
+void test_vmm_refused_device() {
+  CountingWarnings warnings;
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  CHECK_EQ(cudaSetDevice(3), cudaSuccess);
+  fake_cuda::fail_next("cuMemCreate", CUDA_ERROR_NOT_SUPPORTED);  // the probe's
+  const auto mallocs = fake_cuda::counters().live_mallocs;
+  std::vector<c10::DataPtr> ptrs;
+  for (std::size_t n : {std::size_t(1000), std::size_t(3 * MiB), std::size_t(64 * MiB)}) {
+    ptrs.push_back(alloc()->allocate(n));
+  }
+  CHECK(ptrs[2].device() == c10::Device(c10::DeviceType::CUDA, 3));
+  CHECK_EQ(warnings.seen.size(), std::size_t(1));
+  CHECK(warnings.seen[0].find("cuda:3 refused CUDA virtual memory (cuMemCreate failed: operation "
+                              "not supported (CUDA_ERROR_NOT_SUPPORTED))") != std::string::npos);
+  CHECK(renaissance::cuda::vmm_status(3).rfind("off: the driver refused a probe mapping", 0) == 0);
+  CHECK_EQ(fake_cuda::counters().live_mallocs - mallocs, std::int64_t(3));
+  auto s = stats(3);
+  CHECK_EQ(s.allocated_bytes[0].current, std::int64_t(1024 + 3 * MiB + 64 * MiB));
+  CHECK_EQ(s.reserved_bytes[0].current, std::int64_t(2 * MiB + 20 * MiB + 64 * MiB));
+  CHECK_EQ(s.segment[0].current, std::int64_t(3));
+  CHECK_EQ(s.allocation[0].current, std::int64_t(3));
+  ptrs.push_back(alloc()->allocate(5 * MiB));  // served from the 20 MiB segment
+  CHECK_EQ(warnings.seen.size(), std::size_t(1));  // once
+  CHECK_EQ(stats(3).reserved_bytes[0].current, std::int64_t(86 * MiB));
+  ptrs.clear();
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(reserved(3), std::int64_t(0));
+  CHECK_EQ(fake_cuda::counters().live_mallocs, mallocs);
+  CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+  check_clean();
+}
+
+// The glue ran every case above with the lock-order checker on; no lock is
+// left held.
+void test_no_lock_left_held() { CHECK_EQ(renaissance::lock_order::held_count(), 0); }
 }  // namespace
 
 int main() {
   fake_cuda::Config config;
-  config.devices = 3;  // cuda:2 is never used: no context may appear on it
+  config.devices = 4;  // cuda:2 is never used: no context may appear on it; cuda:3 refuses VMM
   config.capacity = std::size_t(512) << 20;
   fake_cuda::reset(config);
   const fake_cuda::TestList tests = {
@@ -494,6 +653,11 @@ int main() {
       {"no_context_on_the_callers_device", test_no_context_on_the_callers_device},
       {"use_on_oom_pool_lends", test_use_on_oom_pool_lends},
       {"oom_observer_arguments", test_oom_observer_arguments},
+      {"release_pool_never_throws", test_release_pool_never_throws},
+      {"use_on_oom_keeps_graph_memory", test_use_on_oom_keeps_graph_memory},
+      {"empty_cache_synchronizes_streams_only", test_empty_cache_synchronizes_streams_only},
+      {"vmm_refused_device", test_vmm_refused_device},  // last: uses cuda:3
+      {"no_lock_left_held", test_no_lock_left_held},
   };
   return fake_cuda::run_tests(tests);
 }

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,7 @@
 #include "core/cuda_device.h"
 #include "core/cuda_stream.h"
 #include "core/errors.h"
+#include "core/lock_order.h"
 #include "check.h"
 #include "fake_cuda.h"
 
@@ -205,13 +207,14 @@ void test_map_unmap() {
   char* base = static_cast<char*>(d.reserve_range(8 * g));
   CHECK(base != nullptr);
   CHECK(d.reserve_range(g + 1) == nullptr);  // not a granule multiple
-  CHECK(d.map(base + g, 2 * g));
+  CHECK(d.map(base + g, g));
+  CHECK(d.map(base + 2 * g, g));
   CHECK(fake_cuda::accessible(base + g, 2 * g));
   CHECK(!fake_cuda::accessible(base, g));
   std::memset(base + g, 0x5a, 2 * g);  // really readable and writable
   CHECK_EQ(static_cast<int>(base[3 * g - 1]), 0x5a);
   auto c = fake_cuda::counters();
-  CHECK_EQ(c.live_handles, 2);  // one handle per granule
+  CHECK_EQ(c.live_handles, 2);  // one handle per map() call of one granule
   CHECK_EQ(c.allocations_not_relaxed, 0);
   CHECK_EQ(d.mem_info().free_bytes, 256 * MiB - 2 * g);
 
@@ -249,16 +252,19 @@ void test_map_failures_roll_back() {
   CudaDevice d(0);
   const std::size_t g = d.range_granularity();
   char* base = static_cast<char*>(d.reserve_range(40 * g));  // 80 MiB of addresses
-  // Out of memory on the third granule: the two made are undone.
+  // 60 MiB is three 20 MiB handles. Out of memory on the third: the two
+  // made are undone.
+  const auto probed = fake_cuda::counters().handles_created;  // the probe's one
   fake_cuda::fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 2);
-  CHECK(!d.map(base, 4 * g));
+  CHECK(!d.map(base, 30 * g));
   auto c = fake_cuda::counters();
-  CHECK_EQ(c.handles_created, 2);
+  CHECK_EQ(c.handles_created - probed, 2);
   CHECK_EQ(c.live_handles, 0);
   CHECK_EQ(c.live_mappings, 0);
-  // A mapping failure is an error naming the call; nothing stays behind.
+  // A mapping failure is an error naming the call; nothing stays behind
+  // (24 MiB: a 20 MiB and a 4 MiB handle; the second mapping fails).
   fake_cuda::fail_next("cuMemMap", CUDA_ERROR_ILLEGAL_ADDRESS, 1);
-  EXPECT_THROW(DeviceError, d.map(base, 4 * g), "cuMemMap failed on cuda:0",
+  EXPECT_THROW(DeviceError, d.map(base, 12 * g), "cuMemMap failed on cuda:0",
                "an illegal memory access was encountered");
   c = fake_cuda::counters();
   CHECK_EQ(c.live_handles, 0);
@@ -600,6 +606,196 @@ void test_limit_changes() {
   check_nothing_live();
 }
 
+
+// The driver reports VMM support, then refuses the mapping (some virtualized
+// GPUs): the probe turns address ranges off, names the error, leaks nothing,
+// and the arena serves from cudaMalloc segments with the right stats.
+void test_vmm_probe_refused() {
+  fake_cuda::reset(config());
+  fake_cuda::fail_next("cuMemCreate", CUDA_ERROR_NOT_SUPPORTED);
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});  // the device's first arena: the probe runs
+    CHECK(!dev->supports_address_ranges());
+    CHECK(dev->vmm_status() == "off: the driver refused a probe mapping: cuMemCreate failed: "
+                               "operation not supported (CUDA_ERROR_NOT_SUPPORTED)");
+    const std::string warning = dev->vmm_refusal();
+    CHECK(warning.find("cuda:0 refused CUDA virtual memory") != std::string::npos);
+    CHECK(warning.find("CUDA_ERROR_NOT_SUPPORTED") != std::string::npos);
+    CHECK(warning.find('\n') == std::string::npos);  // one line
+    CHECK_EQ(fake_cuda::counters().live_reservations, 0);  // the probe's range is gone
+    check_no_sticky_error();
+    void* a = arena.allocate(1000, 0);
+    void* b = arena.allocate(3 * MiB, 0);
+    void* c = arena.allocate(64 * MiB, 0);
+    const auto k = fake_cuda::counters();
+    CHECK_EQ(k.live_mallocs, 3);  // 2 MiB small, 20 MiB large, 64 MiB
+    CHECK_EQ(k.live_handles, 0);
+    CHECK_EQ(arena.stats().reserved_bytes[0].current, k.used_bytes);
+    CHECK_EQ(k.used_bytes, static_cast<std::int64_t>(86 * MiB));
+    CHECK_EQ(arena.stats().allocated_bytes[0].current,
+             static_cast<std::int64_t>(1024 + 3 * MiB + 64 * MiB));
+    for (void* p : {a, b, c}) arena.deallocate(p);
+    arena.empty_cache();
+    arena.check_invariants();
+  }
+  dev.reset();
+  check_nothing_live();
+  // Refused at the other steps: off as well, nothing left behind.
+  for (const char* call : {"cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemAddressReserve"}) {
+    fake_cuda::reset(config());
+    fake_cuda::fail_next(call, CUDA_ERROR_NOT_SUPPORTED);
+    {
+      CudaDevice d(0);
+      CHECK(!d.supports_address_ranges());
+      CHECK(d.vmm_status().find(std::string(call) + " failed") != std::string::npos);
+    }
+    const auto k = fake_cuda::counters();
+    CHECK_EQ(k.live_handles, 0);
+    CHECK_EQ(k.live_reservations, 0);
+    CHECK_EQ(k.used_bytes, 0);
+  }
+  // Out of memory says nothing about support: address ranges stay on.
+  fake_cuda::reset(config());
+  fake_cuda::fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY);
+  {
+    CudaDevice d(0);
+    CHECK(d.supports_address_ranges());
+    CHECK(d.vmm_refusal().empty());
+  }
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+// Large growths take one cuMemCreate per 20 MiB, not per 2 MiB granule,
+// and any granule-aligned sub-range can still be unmapped (cut handles are
+// held until their last granule goes).
+void test_large_handles() {
+  fake_cuda::reset(config());
+  CudaDevice d(0);
+  const std::size_t g = d.range_granularity();
+  char* base = static_cast<char*>(d.reserve_range(128 * g));
+  auto before = fake_cuda::counters().handles_created;
+  CHECK(d.map(base, 100 * g));  // 200 MiB
+  CHECK_EQ(fake_cuda::counters().handles_created - before, 10);
+  CHECK(d.map(base + 100 * g, 11 * g));  // 22 MiB: 20 + 2
+  CHECK_EQ(fake_cuda::counters().handles_created - before, 12);
+  d.unmap(base, 111 * g);
+  CHECK_EQ(fake_cuda::counters().live_handles, 0);
+  CHECK_EQ(fake_cuda::counters().used_bytes, 0);
+
+  // [0, 40 MiB) in two 20 MiB handles A, B; unmap [10, 30): it cuts both.
+  CHECK(d.map(base, 20 * g));
+  std::memset(base, 7, 20 * g);
+  before = fake_cuda::counters().handles_created;
+  d.unmap(base + 5 * g, 10 * g);
+  auto c = fake_cuda::counters();
+  CHECK_EQ(c.live_handles, 2);  // nothing could go back
+  CHECK_EQ(c.used_bytes, static_cast<std::int64_t>(40 * MiB));
+  CHECK_EQ(d.held_bytes(), 20 * MiB);
+  CHECK(fake_cuda::accessible(base, 5 * g) && fake_cuda::accessible(base + 15 * g, 5 * g));
+  CHECK_EQ(static_cast<int>(base[0]), 7);
+  CHECK_EQ(static_cast<int>(base[20 * g - 1]), 7);
+  EXPECT_THROW(DeviceError, d.unmap(base + 5 * g, g), "not mapped");
+  EXPECT_THROW(DeviceError, d.map(base, g), "already mapped");
+  // The rest of A: A goes back whole.
+  d.unmap(base, 5 * g);
+  c = fake_cuda::counters();
+  CHECK_EQ(c.live_handles, 1);
+  CHECK_EQ(c.used_bytes, static_cast<std::int64_t>(20 * MiB));
+  CHECK_EQ(d.held_bytes(), 10 * MiB);
+  CHECK(!fake_cuda::accessible(base, 10 * g));
+  // Mapping [10, 30) again: A's part needs a new handle, B's held part
+  // comes back without one, its data intact.
+  CHECK(d.map(base + 5 * g, 10 * g));
+  CHECK_EQ(fake_cuda::counters().handles_created - before, 1);
+  CHECK_EQ(d.held_bytes(), std::size_t(0));
+  CHECK_EQ(static_cast<int>(base[15 * g]), 7);
+  CHECK(fake_cuda::accessible(base + 5 * g, 15 * g));
+  d.unmap(base + 5 * g, 15 * g);
+  c = fake_cuda::counters();
+  CHECK_EQ(c.live_handles, 0);
+  CHECK_EQ(c.used_bytes, 0);
+  d.release_range(base, 128 * g);
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+// Giving memory back synchronizes the streams that used it, not the device:
+// a busy stream that never touched the arena's memory is not waited for.
+void test_unmap_syncs_only_its_streams() {
+  fake_cuda::reset(config());
+  auto dev = std::make_shared<CudaDevice>(0);
+  const cudaStream_t alloc_stream = reinterpret_cast<cudaStream_t>(std::uintptr_t(0x5200));
+  const cudaStream_t other = reinterpret_cast<cudaStream_t>(std::uintptr_t(0x5300));
+  {
+    Arena arena(dev, ArenaConfig{});
+    fake_cuda::set_busy(alloc_stream, true);
+    fake_cuda::set_busy(side_stream(), true);
+    fake_cuda::set_busy(other, true);
+    fake_cuda::set_unrelated(other);
+    const EventId unrelated_work = dev->create_event();
+    dev->record_event(unrelated_work, sid(other));  // e.g. an all-reduce in flight
+    void* p = arena.allocate(8 * MiB, sid(alloc_stream));
+    void* q = arena.allocate(40 * MiB, sid(alloc_stream));
+    const EventId kernel = dev->create_event();
+    dev->record_event(kernel, sid(alloc_stream));  // a kernel on p and q, in flight
+    arena.record_stream(q, sid(side_stream()));
+    arena.deallocate(p);
+    arena.deallocate(q);
+    const auto before = fake_cuda::counters();
+    arena.empty_cache();
+    const auto after = fake_cuda::counters();
+    CHECK_EQ(after.live_handles, 0);
+    CHECK_EQ(after.device_synchronizes, before.device_synchronizes);
+    CHECK(after.stream_synchronizes > before.stream_synchronizes);
+    // The allocating stream was synchronized; the side stream's use was
+    // waited for (its event) before q's block became free.
+    CHECK_EQ(after.unsafe_unmaps, 0);
+    CHECK(after.event_synchronizes > before.event_synchronizes);
+    CHECK(dev->query_event(kernel));
+    CHECK(!dev->query_event(unrelated_work));  // the unrelated stream was not
+    dev->destroy_event(kernel);
+    dev->destroy_event(unrelated_work);
+    arena.check_invariants();
+  }
+  dev.reset();
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
+// The lock-order checker of debug builds (this program is one).
+void test_lock_order_checker() {
+  using namespace lock_order;
+  Mutex<kArena> arena;
+  Mutex<kDeviceState> device;
+  Mutex<kLeaf> leaf;
+  Mutex<kStatsGroup> stats;
+  CHECK_EQ(held_count(), 0);
+  {
+    std::lock_guard<Mutex<kDeviceState>> a(device);
+    std::lock_guard<Mutex<kArena>> b(arena);
+    std::lock_guard<Mutex<kStatsGroup>> c(stats);
+    std::lock_guard<Mutex<kLeaf>> d(leaf);
+    CHECK_EQ(held_count(), 4);
+  }
+  CHECK_EQ(held_count(), 0);
+  {
+    std::lock_guard<Mutex<kArena>> b(arena);
+    EXPECT_THROW(std::logic_error, device.lock(), "lock order broken",
+                 "taking a device state while holding an arena");
+    Mutex<kArena> another;
+    EXPECT_THROW(std::logic_error, another.lock(), "taking an arena while holding an arena");
+  }
+  {
+    std::lock_guard<Mutex<kLeaf>> d(leaf);
+    Mutex<kLeaf> shard;
+    EXPECT_THROW(std::logic_error, shard.lock(), "while holding a leaf lock");
+  }
+  CHECK_EQ(held_count(), 0);
+  device.lock();  // the refused attempts took nothing
+  device.unlock();
+}
 }  // namespace
 
 int main() {
@@ -625,6 +821,10 @@ int main() {
       {"arena_threads", test_arena_threads},
       {"stats_group", test_stats_group},
       {"limit_changes", test_limit_changes},
+      {"vmm_probe_refused", test_vmm_probe_refused},
+      {"large_handles", test_large_handles},
+      {"unmap_syncs_only_its_streams", test_unmap_syncs_only_its_streams},
+      {"lock_order_checker", test_lock_order_checker},
   };
   return fake_cuda::run_tests(tests);
 }

@@ -22,6 +22,57 @@ def _install(**config):
     return tr
 
 
+# --- smoke (run_all.sh's first step after the build) -------------------------------
+
+
+def case_smoke() -> dict:
+    """Install, 3 allocations, stats, one record_stream, one CUDA-graph capture.
+
+    Raises AssertionError naming what is wrong; about 10 s with the imports.
+    """
+    tr = _install()
+    import torch
+
+    from torch_renaissance import cuda as tr_cuda
+
+    sizes = (512, 3 * MiB, 64 * MiB)
+    bufs = [torch.ones(n, dtype=torch.uint8, device="cuda") for n in sizes]
+    torch.cuda.synchronize()
+    total = sum(int(b.sum().item()) for b in bufs)
+    assert total == sum(sizes), f"the buffers hold {total} ones, expected {sum(sizes)}"
+    allocated = torch.cuda.memory_allocated()
+    assert allocated == sum(sizes), f"memory_allocated() is {allocated}, expected {sum(sizes)}"
+    assert torch.cuda.memory_reserved() >= allocated
+    assert tr.memory_allocated("cuda") == allocated
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        doubled = bufs[2] * 2
+    bufs[2].record_stream(side)
+    del bufs[2]
+    torch.cuda.current_stream().wait_stream(side)
+    assert int(doubled[:1024].sum().item()) == 2048
+    del doubled
+    static_x = torch.ones(1024, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up, as torch.cuda.graph's docs ask
+        static_y = static_x * 3
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        static_y = static_x * 3
+    static_x.fill_(2.0)
+    g.replay()
+    torch.cuda.synchronize()
+    got = float(static_y.sum().item())
+    assert got == 6.0 * 1024, f"the replayed graph computed {got}, expected {6.0 * 1024}"
+    del g, static_y
+    torch.cuda.empty_cache()
+    return {"vmm": tr_cuda.vmm_status(torch.cuda.current_device()), "allocated": allocated,
+            "reserved": torch.cuda.memory_reserved()}
+
+
 # --- statistics ---------------------------------------------------------------
 
 

@@ -12,6 +12,13 @@ MiB = 1 << 20
 pytestmark = pytest.mark.gpu
 
 
+def test_smoke(run_case):
+    """run_all.sh's first step, also as a test: it raises on any wrong value."""
+    r = run_case("smoke")
+    assert r["allocated"] == 512 + 3 * MiB + 64 * MiB
+    assert r["vmm"].startswith(("on", "off"))
+
+
 def test_stats_match_pytorch_and_accelerator(run_case):
     r = run_case("stats")
     # 3 x 64 MiB allocated, one freed: 2 live, 3 at the peak.
