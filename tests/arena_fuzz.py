@@ -47,12 +47,14 @@ class Fuzz:
         self.live: dict[int, tuple[int, int, int]] = {}  # ptr -> (block size, stream, byte)
         self.starts: list[int] = []                       # sorted live starts
         self.uses: dict[int, set[int]] = {}
-        # Freed ranges with work pending at the free, sorted by start:
-        # (start, end, stream with work, its position, len(waits) at the free)
+        # Freed ranges with work pending at the free, sorted by start: (start,
+        # end, stream with work, its position, len(waits) at the free, (base,
+        # stream) of the segment it was in)
         self.pend: list[tuple[int, int, int, int, int]] = []
         self.allocated = 0
         self.ops = 0
-        self.device_frees = 0
+        self.seg_key = None
+        self.segs: list[tuple[int, int, int]] = []
         # One program per key: its stream and (size, stream, lifetime, use stream or -1).
         self.programs = []
         for k in range(keys):
@@ -71,7 +73,7 @@ class Fuzz:
     def allocate(self, size: int, stream: int) -> int:
         a, dev = self.arena, self.dev
         if self.pend:
-            self.forget_released(a.stats())  # a release inside this operation
+            self.forget_released()  # a release inside this operation
         p = a.allocate(size, stream)
         n = a.block_size(p)
         if n < size:
@@ -85,7 +87,7 @@ class Fuzz:
                 self.fail(f"{p:#x}+{n} overlaps the live block at {q:#x}")
         waits = None
         lo = bisect.bisect_left(self.pend, (p - (1 << 40),))
-        for start, stop, x, pos, widx in self.pend[lo:]:
+        for start, stop, x, pos, widx, _ in self.pend[lo:]:
             if start >= p + n:
                 break
             if stop <= p or x == stream or dev.completed(x) >= pos:
@@ -121,26 +123,41 @@ class Fuzz:
             self.fail(f"the bytes of the live block at {p:#x}+{n} were overwritten")
         self.starts.pop(bisect.bisect_left(self.starts, p))
         nwaits = len(self.dev.waits())
+        seg = self.segment_of(p, p + n)
         for x in self.uses.pop(p) | {stream}:
             pos = self.dev.enqueued(x)
             if self.dev.completed(x) < pos:
-                bisect.insort(self.pend, (p, p + n, x, pos, nwaits))
+                bisect.insort(self.pend, (p, p + n, x, pos, nwaits, seg))
         self.allocated -= n
         self.arena.deallocate(p)
 
-    def forget_released(self, s: dict) -> None:
-        if s["num_device_free"] == self.device_frees:
+    def segments(self) -> list[tuple[int, int, int]]:
+        """The mapped segments as sorted (base, end, stream), refreshed when
+        the arena reserved or released memory since the last look."""
+        s = self.arena.stats()
+        key = (s["num_device_alloc"], s["num_device_free"])
+        if key != self.seg_key:
+            self.seg_key = key
+            self.segs = sorted((g["address"], g["address"] + g["total_size"], g["stream"])
+                               for g in self.arena.snapshot())
+        return self.segs
+
+    def segment_of(self, start: int, end: int):
+        segs = self.segments()
+        i = bisect.bisect_right(segs, (start, 1 << 62, 1 << 62)) - 1
+        if i >= 0 and segs[i][0] <= start and end <= segs[i][1]:
+            return segs[i][0], segs[i][2]
+        return None
+
+    def forget_released(self) -> None:
+        # Memory that went back to the device (empty_cache, the trims after a
+        # plan) is safe for anyone: forget what was pending in ranges that are
+        # no longer in the segment (same base, same stream) they were freed in.
+        before = self.seg_key
+        self.segments()
+        if self.seg_key[1] == (before[1] if before else 0):
             return
-        # Memory went back to the device (empty_cache, the trims after a
-        # plan): forget what was pending in ranges no longer mapped.
-        self.device_frees = s["num_device_free"]
-        mapped = sorted((g["address"], g["address"] + g["total_size"]) for g in self.arena.snapshot())
-
-        def still_mapped(r) -> bool:
-            i = bisect.bisect_right(mapped, (r[0], 1 << 62)) - 1
-            return i >= 0 and mapped[i][0] <= r[0] and r[1] <= mapped[i][1]
-
-        self.pend = [r for r in self.pend if still_mapped(r)]
+        self.pend = [r for r in self.pend if self.segment_of(r[0], r[1]) == r[5]]
 
     def check_stats(self, full: bool) -> None:
         s = self.arena.stats()
@@ -150,7 +167,7 @@ class Fuzz:
             self.fail(f"allocation count {s['allocation']['all']['current']} != {len(self.live)}")
         if full:
             self.arena.check_invariants()
-        self.forget_released(s)
+        self.forget_released()
         if full or len(self.pend) > 4096:
             self.pend = [r for r in self.pend if self.dev.completed(r[2]) < r[3]]
 

@@ -480,6 +480,10 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   // when older, larger layouts were forgotten), so that the next step starts
   // replaying at once. A step opened meanwhile keeps what it has.
   if (!open_) {
+    // What recording left in the dynamic pool goes back first, so that a
+    // territory outgrown in fixed segments (its step served dynamically) is
+    // never held beside the new one (issue 11).
+    arena_.release_cached_locked();
     std::vector<StreamId> streams;
     for (const auto& [stream, seg] : arena_.territory_) streams.push_back(stream);
     for (const auto& l : layouts_) streams.push_back(l->stream);
