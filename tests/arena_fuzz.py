@@ -53,6 +53,7 @@ class Fuzz:
         self.pend: list[tuple[int, int, int, int, int]] = []
         self.allocated = 0
         self.ops = 0
+        self.maxlen = 0  # the longest range in pend
         self.seg_key = None
         self.segs: list[tuple[int, int, int]] = []
         # One program per key: its stream and (size, stream, lifetime, use stream or -1).
@@ -86,7 +87,7 @@ class Fuzz:
             if q + self.live[q][0] > p:
                 self.fail(f"{p:#x}+{n} overlaps the live block at {q:#x}")
         waits = None
-        lo = bisect.bisect_left(self.pend, (p - (1 << 40),))
+        lo = bisect.bisect_left(self.pend, (p - self.maxlen,))
         for start, stop, x, pos, widx, _ in self.pend[lo:]:
             if start >= p + n:
                 break
@@ -128,6 +129,7 @@ class Fuzz:
             pos = self.dev.enqueued(x)
             if self.dev.completed(x) < pos:
                 bisect.insort(self.pend, (p, p + n, x, pos, nwaits, seg))
+                self.maxlen = max(self.maxlen, n)
         self.allocated -= n
         self.arena.deallocate(p)
 

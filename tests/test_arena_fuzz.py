@@ -11,7 +11,7 @@ from arena_fuzz import Fuzz
                                                     ("defer", False, 3)])
 def test_fuzz_arena_against_a_reference_model(C, policy, expandable, seed):
     f = Fuzz(C, seed, policy=policy, expandable=expandable)
-    f.run(3000)
+    f.run(2500)
     s = f.arena.stats()["renaissance"]
     # The run exercised planned steps of several keys and streams.
     assert s["plans"] >= 3 and s["planned_steps"] >= 10, s
