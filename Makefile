@@ -58,6 +58,8 @@ bench: build $(VENV)/.bench-deps
 	$(PY) benchmarks/bench_planner.py
 	$(PY) benchmarks/bench_demo.py
 	$(PY) benchmarks/bench_model_slots.py
+	$(PY) benchmarks/bench_plan_lock.py
+	$(PY) benchmarks/bench_territory.py
 
 # Compiles and links the CUDA backend against /usr/local/cuda and checks the
 # torch CUDA glue against torch's headers (no GPU needed).

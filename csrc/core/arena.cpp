@@ -194,6 +194,9 @@ void Arena::record_stream(void* ptr, StreamId stream) {
 void Arena::empty_cache() {
   Op g(*this);
   synchronize_pending_locked();
+  // The planned territory is cache too (PyTorch's empty_cache returns every
+  // unused cached block): it goes back, and the next step maps it again.
+  if (steps_) steps_->release_territory();
   release_cached_locked();
 }
 
@@ -211,23 +214,56 @@ void Arena::set_capturing(bool capturing) {
   Op g(*this);
   capturing_ = capturing;
   if (capturing) return;
+  if (demote_after_capture_) {
+    // A demotion (or a lowering) asked for during the capture: the epoch
+    // events can be synchronized now. The step planner re-activates the
+    // territory at the next step.
+    demote_after_capture_ = false;
+    demote_locked();
+  }
   // Give back what release_segment_locked had to keep during the capture.
   std::vector<Segment*> due;
   for (auto& [base, seg] : segments_) {
-    if (seg->retire && seg->live == 0 && seg.get() != territory_) due.push_back(seg.get());
+    if (seg->retire && seg->live == 0 && !is_territory_locked(seg.get())) due.push_back(seg.get());
   }
   for (Segment* seg : due) release_segment_locked(seg);
 }
 
 void Arena::begin_step(std::uint64_t key) {
+  if (!steps_) return;
+  std::unique_ptr<StepPlanJob> job;
+  {
+    Op g(*this);
+    if (steps_->in_step()) job = steps_->end_step();  // an open step ends first
+  }
+  finish_plan(std::move(job));
   Op g(*this);
-  if (steps_) steps_->begin_step(key);
+  steps_->begin_step(key);
 }
 
 void Arena::end_step() {
+  std::unique_ptr<StepPlanJob> job;
+  {
+    Op g(*this);
+    boundary_locked();
+    if (steps_) job = steps_->end_step();
+  }
+  finish_plan(std::move(job));
+}
+
+void Arena::finish_plan(std::unique_ptr<StepPlanJob> job) {
+  if (!job) return;
+  // The planner runs without the lock, on the job's copy of the trace and
+  // obstacles: other threads allocate and free meanwhile (issue 18).
+  try {
+    StepPlanner::run(*job);
+  } catch (...) {
+    Op g(*this);
+    steps_->abandon();
+    throw;
+  }
   Op g(*this);
-  boundary_locked();
-  if (steps_) steps_->end_step();
+  steps_->install(std::move(job));
 }
 
 bool Arena::in_step() const {
@@ -331,6 +367,13 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   // Likewise what the optimizer creates while a step is recorded goes to its
   // own segment, packed (see set_persistent_hint).
   bool persistent = recording && persistent_hint_;
+  // Between steps, what a stream with planned territory allocates goes to
+  // the persistent segment too: not above the territory, where it would be
+  // an obstacle that the next plan of a new structure goes above (issue 18).
+  if (pool == PoolKind::kLarge && use_ranges() && steps_ && !steps_->in_step() &&
+      territory_of_locked(stream)) {
+    persistent = true;
+  }
   FreeSet* set = &free_set(pool, persistent);
   bool synced = false, retried = false;
   for (;;) {
@@ -606,7 +649,7 @@ void Arena::release_segment_locked(Segment* seg) {
     stats_.sub(stats_.segment, seg->pool, 1);
     ++stats_.num_device_free;
   }
-  if (territory_ == seg) territory_ = nullptr;
+  if (is_territory_locked(seg)) territory_.erase(seg->stream);
   char* const base = seg->base;
   const std::size_t capacity = seg->capacity;
   const bool expandable = seg->expandable;
@@ -627,8 +670,8 @@ std::size_t Arena::release_cached_locked() {
       trim_tail_locked(seg.get());
       released += before - seg->size;
       // An empty one gives its address range back too (streams come and go).
-      if (seg->size == 0 && seg.get() != territory_) wholly_free.push_back(seg.get());
-    } else if (seg->wholly_free() && seg.get() != territory_) {
+      if (seg->size == 0 && !is_territory_locked(seg.get())) wholly_free.push_back(seg.get());
+    } else if (seg->wholly_free() && !is_territory_locked(seg.get())) {
       wholly_free.push_back(seg.get());
     }
   }
@@ -729,7 +772,7 @@ void Arena::free_block_locked(Block* b) {
     absorb_next_locked(b);
   }
   index_free_locked(b);
-  if (seg->retire && seg->live == 0 && seg != territory_) release_segment_locked(seg);
+  if (seg->retire && seg->live == 0 && !is_territory_locked(seg)) release_segment_locked(seg);
 }
 
 // ---------------------------------------------------------------------------
@@ -746,17 +789,7 @@ void Arena::release_blocks_locked(const std::vector<Block*>& blocks) {
 void Arena::boundary_locked() {
   if (capturing_) return;
   stats_.events_recorded += static_cast<std::int64_t>(pending_.seal_all());
-  if (territory_) {
-    // Planned blocks with stream uses: release them into the territory now;
-    // the next placement there makes its stream wait for the epoch event.
-    std::vector<std::pair<StreamId, EventId>> events;
-    Segment* t = territory_;
-    auto blocks = pending_.release_region(
-        Region::kPlanned, [t](const Block* b) { return b->segment == t && t->in_territory(b); },
-        events);
-    for (auto& [stream, event] : events) epoch_.push_back(EpochEvent{stream, event, {}});
-    release_blocks_locked(blocks);
-  }
+  adopt_territory_pending_locked();
   release_blocks_locked(pending_.release_completed(stats_.event_queries));
   for (auto it = epoch_.begin(); it != epoch_.end();) {
     ++stats_.event_queries;
@@ -766,6 +799,23 @@ void Arena::boundary_locked() {
     } else {
       ++it;
     }
+  }
+}
+
+void Arena::adopt_territory_pending_locked() {
+  // Pending blocks inside planned territory: release them into it now; the
+  // next placement there makes its stream wait for the epoch event. Blocks
+  // of either region qualify: a dynamic block the territory grew over (one
+  // still pending when its step was planned) is no obstacle of the plan.
+  if (territory_.empty() || capturing_) return;
+  auto inside = [this](const Block* b) {
+    return is_territory_locked(b->segment) && b->segment->in_territory(b);
+  };
+  for (Region region : {Region::kPlanned, Region::kDynamic}) {
+    std::vector<std::pair<StreamId, EventId>> events;
+    auto blocks = pending_.release_region(region, inside, events);
+    for (auto& [stream, event] : events) epoch_.push_back(EpochEvent{stream, event, {}});
+    release_blocks_locked(blocks);
   }
 }
 
@@ -793,6 +843,13 @@ void Arena::wait_epoch_locked(StreamId stream) {
     device_->stream_wait_event(stream, e.event);
     e.waited.push_back(stream);
   }
+}
+
+bool Arena::settle_epoch_locked() {
+  if (epoch_.empty()) return true;
+  if (capturing_) return false;
+  synchronize_epoch_locked();
+  return true;
 }
 
 void Arena::synchronize_epoch_locked() {
@@ -839,8 +896,19 @@ void retile(Segment* seg, std::size_t top, Unindex unindex, Index index, Split s
 }
 }  // namespace
 
-void Arena::promote_locked(Segment* seg, std::size_t top) {
-  if (territory_ && territory_ != seg) demote_locked();
+Segment* Arena::territory_of_locked(StreamId stream) const {
+  auto it = territory_.find(stream);
+  return it == territory_.end() ? nullptr : it->second;
+}
+
+bool Arena::is_territory_locked(const Segment* seg) const {
+  return seg && territory_of_locked(seg->stream) == seg;
+}
+
+bool Arena::promote_locked(Segment* seg, std::size_t top) {
+  if (Segment* other = territory_of_locked(seg->stream); other && other != seg) {
+    if (!demote_locked(other)) return false;
+  }
   // The line may not cut a live or pending block: move it to that block's end.
   for (Block* b = seg->head; b; b = b->next) {
     char* line = seg->base + top;
@@ -848,55 +916,75 @@ void Arena::promote_locked(Segment* seg, std::size_t top) {
       top = static_cast<std::size_t>(b->ptr + b->size - seg->base);
     }
   }
+  // Lowering the line hands territory memory to the dynamic pool, which does
+  // not wait on epoch events: settle them first (not possible in a capture).
+  if (top < seg->plan_top && !settle_epoch_locked()) {
+    demote_after_capture_ = true;
+    return false;
+  }
   retile(
       seg, top, [&](Block* b) { unindex_free_locked(b); }, [&](Block* b) { index_free_locked(b); },
       [&](Block* b, std::size_t first) { split_locked(b, first); },
       [&](Block* a) { absorb_next_locked(a); });
-  territory_ = seg;
+  territory_[seg->stream] = seg;
+  adopt_territory_pending_locked();
+  return true;
 }
 
-void Arena::demote_locked() {
-  if (!territory_) return;
-  synchronize_epoch_locked();
-  Segment* seg = territory_;
+bool Arena::demote_locked(Segment* seg) {
+  if (!seg || !is_territory_locked(seg)) return true;
+  if (!settle_epoch_locked()) {
+    // A capture is open: no event may be synchronized, so the territory
+    // stays (the dynamic pool cannot take it) until set_capturing(false).
+    demote_after_capture_ = true;
+    return false;
+  }
   retile(
       seg, 0, [&](Block* b) { unindex_free_locked(b); }, [&](Block* b) { index_free_locked(b); },
       [&](Block* b, std::size_t first) { split_locked(b, first); },
       [&](Block* a) { absorb_next_locked(a); });
-  territory_ = nullptr;
+  territory_.erase(seg->stream);
   if (seg->retire && seg->live == 0) release_segment_locked(seg);
+  return true;
+}
+
+bool Arena::demote_locked() {
+  std::vector<Segment*> all;
+  for (auto& [stream, seg] : territory_) all.push_back(seg);
+  bool done = true;
+  for (Segment* seg : all) done = demote_locked(seg) && done;
+  return done;
 }
 
 Segment* Arena::territory_candidate_locked(StreamId stream) {
-  return use_ranges() ? expandable_segment_locked(stream, PoolKind::kLarge) : territory_;
+  return use_ranges() ? expandable_segment_locked(stream, PoolKind::kLarge)
+                      : territory_of_locked(stream);
 }
 
 Segment* Arena::territory_segment_locked(StreamId stream, std::size_t top) {
   if (use_ranges()) {
     if (Segment* seg = territory_candidate_locked(stream); seg && top <= seg->capacity) {
-      if (seg->size < top) {
-        // The free tail may sit in the old territory; map the rest.
-        if (territory_ == seg) demote_locked();
-        if (!map_tail_locked(seg, round_up(top - seg->size, device_->range_granularity()))) {
-          return nullptr;
-        }
+      // Map what the line needs above the mapped size (retile moves free
+      // blocks across the line either way).
+      if (seg->size < top &&
+          !map_tail_locked(seg, round_up(top - seg->size, device_->range_granularity()))) {
+        return nullptr;
       }
-      promote_locked(seg, top);
-      return seg;
+      return promote_locked(seg, top) ? seg : nullptr;
     }
   }
   // Fixed segments: a dedicated segment holds the territory.
-  if (territory_ && !territory_->expandable && territory_->size >= top) {
-    promote_locked(territory_, top);
-    return territory_;
+  Segment* old = territory_of_locked(stream);
+  if (old && !old->expandable && old->size >= top) {
+    return promote_locked(old, top) ? old : nullptr;
   }
-  if (Segment* old = territory_) {
-    demote_locked();
+  if (old) {
+    if (!demote_locked(old)) return nullptr;
     old->retire = true;
     if (old->live == 0) release_segment_locked(old);
   }
   Segment* seg = new_segment_locked(PoolKind::kLarge, stream, std::max(top, config_.min_large_alloc));
-  if (seg) promote_locked(seg, top);
+  if (seg && !promote_locked(seg, top)) return nullptr;
   return seg;
 }
 

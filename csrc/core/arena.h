@@ -133,6 +133,7 @@ struct StepRecord {
 };
 
 class StepPlanner;
+struct StepPlanJob;
 
 class Arena {
  public:
@@ -220,6 +221,9 @@ class Arena {
  private:
   friend class StepPlanner;
   class Op;
+  // Runs a plan that end_step() prepared under the lock, without the lock,
+  // and installs it under the lock.
+  void finish_plan(std::unique_ptr<StepPlanJob> job);
   void publish_locked() noexcept;
 
   // nullptr where allocate() raises OutOfMemoryError (after the retries).
@@ -265,14 +269,34 @@ class Arena {
   void release_blocks_locked(const std::vector<Block*>& blocks);
   void wait_epoch_locked(StreamId stream);
   void synchronize_epoch_locked();
+  // Host-synchronizes the epoch events so that territory memory may leave
+  // the territory; false (nothing done) during a capture, when no event may
+  // be synchronized: the territory must then stay as it is.
+  bool settle_epoch_locked();
+  // Releases the sealed pending groups (either region) whose blocks all lie
+  // in planned territory into it; their events become epoch events.
+  void adopt_territory_pending_locked();
 
   // --- planned territory (used by StepPlanner) ----------------------------
+  // Territory is per stream: the layouts of the steps whose compute stream
+  // is S replay in S's territory only, a range of a segment of S, so memory
+  // never moves between streams through a plan (that would need an event
+  // per reuse; issue 18).
   // The segment a plan for `stream` goes into (its obstacles are that
-  // segment's live blocks); territory_segment_locked makes it the territory.
+  // segment's live blocks); territory_segment_locked makes it the territory
+  // of `stream`, exactly `top` bytes (lowering it when it was larger).
   Segment* territory_candidate_locked(StreamId stream);
   Segment* territory_segment_locked(StreamId stream, std::size_t top);
-  void promote_locked(Segment* seg, std::size_t top);
-  void demote_locked();
+  Segment* territory_of_locked(StreamId stream) const;  // nullptr: none
+  bool is_territory_locked(const Segment* seg) const;
+  // Moves seg's territory line to `top`; false (unchanged) where lowering it
+  // would need an event synchronization during a capture.
+  bool promote_locked(Segment* seg, std::size_t top);
+  // Hands territory back to the dynamic pool (one stream's, or every one).
+  // During a capture it is postponed to the capture's end (the epoch events
+  // cannot be waited on then); returns false when postponed.
+  bool demote_locked(Segment* seg);
+  bool demote_locked();
   Block* place_locked(Segment* seg, std::size_t offset, std::size_t rounded,
                       std::size_t requested, StreamId stream);
 
@@ -311,8 +335,9 @@ class Arena {
     std::vector<StreamId> waited;  // streams already made to wait on it
   };
   std::vector<EpochEvent> epoch_;
-  Segment* territory_ = nullptr;  // segment holding planned territory
+  std::map<StreamId, Segment*> territory_;  // per stream: the segment holding its territory
   bool capturing_ = false;        // see set_capturing()
+  bool demote_after_capture_ = false;  // a demotion was postponed by a capture
 
   std::unique_ptr<StepPlanner> steps_;
 };

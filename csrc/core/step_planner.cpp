@@ -37,7 +37,7 @@ bool StepPlanner::switch_layout(std::size_t i, std::size_t rounded, StreamId str
 
 Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
   // During a CUDA-graph capture no event may be waited on: no replay then.
-  if (!open_ || !replaying_ || arena_.capturing_) return nullptr;
+  if (!open_ || !replaying_ || !active_ || arena_.capturing_) return nullptr;
   const std::size_t i = cur_->entries.size();
   ++stats_.requests;
   if (!fits(*active_, i, rounded, stream) && !switch_layout(i, rounded, stream)) {
@@ -57,7 +57,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
     // The sequence left every layout: serve the rest of the step dynamically,
     // with the territory handed back so that nothing is held twice.
     replaying_ = false;
-    arena_.demote_locked();
+    arena_.demote_locked(arena_.territory_of_locked(active_->stream));
     return nullptr;
   }
   const Slot& s = active_->slots[i];
@@ -79,9 +79,10 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
 
 Block* StepPlanner::place_slot(const Slot& s, std::size_t requested, std::size_t rounded,
                                StreamId stream) {
-  return arena_.territory_
-             ? arena_.place_locked(arena_.territory_, s.offset, rounded, requested, stream)
-             : nullptr;
+  // The slot's stream is the layout's, so this is that stream's territory:
+  // memory of another stream is never handed out through a plan.
+  Segment* seg = arena_.territory_of_locked(s.stream);
+  return seg ? arena_.place_locked(seg, s.offset, rounded, requested, stream) : nullptr;
 }
 
 void StepPlanner::on_allocated(Block* b) {
@@ -125,20 +126,41 @@ void StepPlanner::on_record_stream(Block* b, StreamId stream) {
 }
 
 bool StepPlanner::activate_territory() {
+  // The active layout's stream's territory must cover every layout of that
+  // stream (the step's first allocations choose among them).
+  const StreamId stream = active_->stream;
   std::size_t top = 0;
-  StreamId stream = 0;
   for (const auto& l : layouts_) {
-    top = std::max(top, l->top);
-    stream = l->stream;
+    if (l->stream == stream) top = std::max(top, l->top);
   }
   if (top == 0) return false;
-  Segment* seg = arena_.territory_;
+  Segment* seg = arena_.territory_of_locked(stream);
   if (seg && seg->plan_top >= top) return true;
   return arena_.territory_segment_locked(stream, top) != nullptr;
 }
 
+void StepPlanner::fit_territory(StreamId stream) {
+  std::size_t top = 0;
+  for (const auto& l : layouts_) {
+    if (l->stream == stream) top = std::max(top, l->top);
+  }
+  Segment* seg = arena_.territory_of_locked(stream);
+  if (top == 0) {
+    arena_.demote_locked(seg);
+  } else if (!seg || seg->plan_top != top) {
+    arena_.territory_segment_locked(stream, top);
+  }
+}
+
 void StepPlanner::begin_step(std::uint64_t key) {
-  if (open_) end_step();
+  if (open_) {
+    // The arena ends an open step itself (planning without its lock); this
+    // is the fallback for a step opened meanwhile by another thread.
+    if (std::unique_ptr<PlanJob> job = end_step()) {
+      run(*job);
+      install(std::move(job));
+    }
+  }
   open_ = true;
   ++step_;
   key_ = key;
@@ -166,8 +188,8 @@ void StepPlanner::release_territory() {
   arena_.demote_locked();
 }
 
-void StepPlanner::end_step() {
-  if (!open_) return;
+std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
+  if (!open_) return nullptr;
   open_ = false;
   replaying_ = false;
   cur_->end_time = clock_;
@@ -184,18 +206,19 @@ void StepPlanner::end_step() {
   sizes.reserve(cur_->entries.size());
   for (const TraceRecord& e : cur_->entries) sizes.push_back(e.size);
   Variant* known = find_variant(sizes);
+  std::unique_ptr<PlanJob> job;
   if (known) {
     known->last_used = ++use_clock_;
     Layout* l = known->layout;
     l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
     // Conflicts that persist (a new long-lived block in the way): re-plan.
-    if (l->conflict_streak >= 2 && prev_) plan_step(std::move(sizes));
+    if (l->conflict_streak >= 2 && prev_ && !planning_) job = plan_step(std::move(sizes));
   } else if (Layout* l = covering_layout(); l && !missed_) {
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
-  } else if (prev_ && !cur_->entries.empty()) {
-    plan_step(std::move(sizes));
+  } else if (prev_ && !cur_->entries.empty() && !planning_) {
+    job = plan_step(std::move(sizes));
   }
-  if (settle_steps_ > 0) {
+  if (settle_steps_ > 0 && !job) {
     --settle_steps_;
     // After a (re)plan, give back what recording and the first replay
     // steps left in the dynamic pool.
@@ -205,6 +228,7 @@ void StepPlanner::end_step() {
   slot = std::move(cur_);
   last_ = slot.get();
   prev_ = nullptr;
+  return job;
 }
 
 StepPlanner::Layout* StepPlanner::most_recent_layout(const std::uint64_t* key) const {
@@ -270,8 +294,7 @@ void StepPlanner::forget_least_recent_variant() {
   }
 }
 
-void StepPlanner::plan_step(std::vector<std::size_t> sizes) {
-  const auto t0 = std::chrono::steady_clock::now();
+std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes) {
   const StepTrace& cur = *cur_;
   const std::int64_t T = std::max<std::int64_t>(cur.end_time, 1);
 
@@ -366,13 +389,16 @@ void StepPlanner::plan_step(std::vector<std::size_t> sizes) {
     problem.buffers.push_back(planner::Buffer{slots[i].size, slots[i].lower, slots[i].upper});
     index.push_back(i);
   }
-  if (problem.buffers.empty()) return;
+  if (problem.buffers.empty()) return nullptr;
   const std::size_t step_load = planner::load(problem);  // before the obstacles join
   Segment* seg = arena_.territory_candidate_locked(stream);
   std::size_t obstacle_bytes = 0;
   if (seg) {
     for (Block* b = seg->head; b; b = b->next) {
-      if (b->state == BlockState::kFree || wraps_next_step(b)) continue;
+      // A pending block is no obstacle: its stream use ends soon (it is
+      // released into the territory with an epoch event, or its slot falls
+      // back while it lasts); going around it would grow the layout for good.
+      if (b->state != BlockState::kAllocated || wraps_next_step(b)) continue;
       problem.fixed.push_back(planner::FixedBuffer{
           static_cast<std::size_t>(b->ptr - seg->base), b->size, 0, horizon});
       obstacle_bytes += b->size;
@@ -383,45 +409,92 @@ void StepPlanner::plan_step(std::vector<std::size_t> sizes) {
     if (!wraps_next_step(b)) persistent += b->size;
   }
 
-  planner::Options opts;
-  opts.budget_seconds = arena_.config_.plan_budget_seconds;
-  planner::Result r = planner::plan(problem, opts);
+  auto job = std::make_unique<PlanJob>();
+  job->options.budget_seconds = arena_.config_.plan_budget_seconds;
+  job->problem = std::move(problem);
+  job->slots = std::move(slots);
+  job->index = std::move(index);
+  job->sizes = std::move(sizes);
+  job->target = target;
+  job->horizon = horizon;
+  job->key = key_;
+  job->stream = stream;
+  job->step_load = step_load;
+  job->obstacle_bytes = obstacle_bytes;
+  job->persistent = persistent;
+  planning_ = true;
+  return job;
+}
 
+void StepPlanner::run(PlanJob& job) {
+  const auto t0 = std::chrono::steady_clock::now();
+  job.result = planner::plan(job.problem, job.options);
+  job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void StepPlanner::install(std::unique_ptr<PlanJob> job) {
+  planning_ = false;
+  planner::Result& r = job->result;
+  // The layout it merges into may have been forgotten meanwhile (another
+  // thread's steps): then it becomes a layout of its own. Its slots already
+  // hold the merged sizes and lifetimes.
+  Layout* target = job->target;
+  if (target && std::none_of(layouts_.begin(), layouts_.end(),
+                             [target](const std::unique_ptr<Layout>& l) { return l.get() == target; })) {
+    target = nullptr;
+  }
   std::unique_ptr<Layout> fresh;
   Layout* layout = target;
   if (!layout) {
     fresh = std::make_unique<Layout>();
     layout = fresh.get();
   }
-  layout->slots = std::move(slots);
-  layout->horizon = horizon;
-  layout->key = key_;
-  layout->stream = stream;
+  layout->slots = std::move(job->slots);
+  layout->horizon = job->horizon;
+  layout->key = job->key;
+  layout->stream = job->stream;
   layout->top = 0;
-  for (std::size_t k = 0; k < index.size(); ++k) {
-    Slot& s = layout->slots[index[k]];
+  for (std::size_t k = 0; k < job->index.size(); ++k) {
+    Slot& s = layout->slots[job->index[k]];
     s.offset = r.offsets[k];
     layout->top = std::max(layout->top, s.offset + s.size);
   }
   layout->top = round_up(layout->top, arena_.unit_);
-  layout->load = step_load;
+  layout->load = job->step_load;
   layout->greedy = r.greedy_size;
-  layout->obstacles = obstacle_bytes;
-  layout->persistent = persistent;
+  layout->obstacles = job->obstacle_bytes;
+  layout->persistent = job->persistent;
   layout->conflict_streak = 0;
   if (fresh) layouts_.push_back(std::move(fresh));
-  last_problem_ = std::move(problem);
+  last_problem_ = std::move(job->problem);
   last_offsets_ = std::move(r.offsets);
-  remember_variant(layout, std::move(sizes));
+  // remember_variant matches the open step's key; this variant is job->key's.
+  const std::uint64_t open_key = key_;
+  key_ = job->key;
+  remember_variant(layout, std::move(job->sizes));
+  key_ = open_key;
 
   ++stats_.plans;
-  stats_.plan_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  settle_steps_ = 2;
-  // Make the territory cover every kept layout now, so that the next step
-  // starts replaying at once.
-  arena_.demote_locked();
-  activate_territory();
+  stats_.plan_seconds += job->seconds;
+  // Make each stream's territory cover exactly its kept layouts now (lower
+  // when older, larger layouts were forgotten), so that the next step starts
+  // replaying at once. A step opened meanwhile keeps what it has.
+  if (!open_) {
+    // What recording left in the dynamic pool goes back first, so that a
+    // territory outgrown in fixed segments (its step served dynamically) is
+    // never held beside the new one (issue 11).
+    arena_.release_cached_locked();
+    std::vector<StreamId> streams;
+    for (const auto& [stream, seg] : arena_.territory_) streams.push_back(stream);
+    for (const auto& l : layouts_) streams.push_back(l->stream);
+    std::sort(streams.begin(), streams.end());
+    streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
+    for (StreamId stream : streams) fit_territory(stream);
+  }
+  // After a (re)plan, give back what recording and the first replay steps
+  // left in the dynamic pool (this step's share of it now, two more steps).
+  settle_steps_ = 1;
+  arena_.release_cached_locked();
 }
 
 StepRecord StepPlanner::last_step() const {

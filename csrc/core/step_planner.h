@@ -22,7 +22,18 @@
 //     or a mismatch falls back to the dynamic pool and is counted.
 //   * At most `max_variants` variants are kept, least recently used out; a
 //     layout lives while one of its variants does.
-//   * All methods run with the arena's lock held.
+//   * All methods run with the arena's lock held, except run(): the planner
+//     itself runs outside it, on a snapshot of the trace (a PlanJob), so
+//     other threads' allocations do not wait for the plan budget. The
+//     result is installed under the lock; what was allocated or freed
+//     meanwhile is safe because replay checks every range when it places.
+//   * At most one plan is in flight; a step that ends while one is makes
+//     no second one (it is planned when it is seen again).
+//   * Territory is per stream (the layout's stream, that of its step's first
+//     allocation); the territory of stream S is exactly the highest top of
+//     S's layouts after each plan, and blocks pending at plan time are no
+//     obstacles (they are released into the territory with an epoch event
+//     that the placements there wait on, or the slot falls back).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +47,8 @@
 namespace renaissance {
 
 class StepPlanner {
+  friend struct StepPlanJob;
+
  public:
   explicit StepPlanner(Arena& arena) : arena_(arena) {}
 
@@ -45,8 +58,17 @@ class StepPlanner {
   void on_free(Block* b);
   void on_record_stream(Block* b, StreamId stream);
 
+  // The planner's input and output for one plan: made under the arena's
+  // lock by end_step(), planned by run() without it, installed by install().
+  using PlanJob = StepPlanJob;
   void begin_step(std::uint64_t key);
-  void end_step();
+  // Ends the open step; returns the plan to make (run() it without the
+  // arena's lock, then install() it with the lock) or nullptr.
+  std::unique_ptr<PlanJob> end_step();
+  static void run(PlanJob& job);
+  void install(std::unique_ptr<PlanJob> job);
+  // Forgets a job whose run() failed (the step stays unplanned).
+  void abandon() { planning_ = false; }
   bool in_step() const { return open_; }
   // A step is open and served by the dynamic pool (no plan, or it diverged).
   bool recording() const { return open_ && !replaying_; }
@@ -89,10 +111,14 @@ class StepPlanner {
     std::uint64_t last_used = 0;
   };
 
+
   bool fits(const Layout& l, std::size_t i, std::size_t rounded, StreamId stream) const;
   bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream);
   bool activate_territory();
-  void plan_step(std::vector<std::size_t> sizes);
+  // Makes `stream`'s territory exactly the highest top of its layouts
+  // (lowering it when the old layouts were larger); none when it has none.
+  void fit_territory(StreamId stream);
+  std::unique_ptr<PlanJob> plan_step(std::vector<std::size_t> sizes);
   void forget_least_recent_variant();
   // The most recently used layout (of `*key`, or of any key when null).
   Layout* most_recent_layout(const std::uint64_t* key) const;
@@ -118,6 +144,7 @@ class StepPlanner {
   Layout* active_ = nullptr;
   std::uint64_t use_clock_ = 0;
   int settle_steps_ = 0;
+  bool planning_ = false;  // a PlanJob is between end_step() and install()
   bool missed_ = false;
   std::int64_t step_conflicts_ = 0;
   // Counters of the open step; copied to stats_.last_step_* when it ends
@@ -126,6 +153,24 @@ class StepPlanner {
   PlanStats stats_;
   planner::Problem last_problem_;
   std::vector<std::uint64_t> last_offsets_;
+};
+
+// The planner's input and output for one plan: made under the arena's lock
+// by StepPlanner::end_step(), planned by run() without it, installed by
+// install() with it.
+struct StepPlanJob {
+  planner::Problem problem;
+  planner::Options options;
+  planner::Result result;
+  std::vector<StepPlanner::Slot> slots;
+  std::vector<std::size_t> index;  // problem buffer -> slot
+  std::vector<std::size_t> sizes;  // the variant's size sequence
+  StepPlanner::Layout* target = nullptr;  // the layout it merges into (may be gone at install)
+  std::int64_t horizon = 0;
+  std::uint64_t key = 0;
+  StreamId stream = 0;
+  std::size_t step_load = 0, obstacle_bytes = 0, persistent = 0;
+  double seconds = 0.0;  // time in run()
 };
 
 }  // namespace renaissance
