@@ -199,8 +199,11 @@ bool CanonicalSearch::check(const std::vector<Cand>& cur, std::uint64_t off,
 
 CanonicalSearch::Status CanonicalSearch::solve(
     std::uint64_t capacity, const std::vector<std::uint32_t>& preorder,
-    std::uint64_t node_limit, Work& work, std::vector<std::uint64_t>& offsets) {
+    std::uint64_t node_limit, Work& work, std::vector<std::uint64_t>& offsets,
+    const OrderKeys* rerank) {
   capacity_ = capacity;
+  rerank_ = rerank;
+  part_t_.assign(n_, 0.0);
   node_limit_ = node_limit;
   nodes_ = 0;
   work_ = &work;
@@ -240,6 +243,30 @@ CanonicalSearch::Status CanonicalSearch::solve(
   return status;
 }
 
+void CanonicalSearch::rerank(std::vector<Cand>& part) {
+  const OrderKeys& k = *rerank_;
+  std::uint64_t steps = 0;
+  for (const Cand& c : part) {
+    std::uint64_t t_max = 0;
+    for (std::uint32_t q = inst_.piece_begin[c.item]; q < inst_.piece_begin[c.item + 1]; ++q) {
+      const Piece& p = inst_.pieces[q];
+      for (std::int32_t t = p.lo; t < p.hi; ++t) t_max = std::max(t_max, total_[t]);
+      steps += static_cast<std::uint64_t>(p.hi - p.lo);
+    }
+    part_t_[c.item] = static_cast<double>(t_max) * k.t_scale[c.item];
+  }
+  std::sort(part.begin(), part.end(), [&](const Cand& x, const Cand& y) {
+    for (char ch : k.keys) {
+      const double* v = ch == 'W' ? k.w.data() : ch == 'A' ? k.a.data()
+                      : ch == 'T' ? part_t_.data() : k.z.data();
+      if (v[x.item] != v[y.item]) return v[x.item] > v[y.item];
+    }
+    return x.item < y.item;
+  });
+  for (std::uint32_t r = 0; r < part.size(); ++r) part[r].rank = r;
+  charge(steps + 4 * part.size());
+}
+
 CanonicalSearch::Status CanonicalSearch::solve_parts(std::uint32_t depth,
                                                      const std::vector<Cand>& items,
                                                      std::vector<std::int32_t>& points,
@@ -261,6 +288,7 @@ CanonicalSearch::Status CanonicalSearch::solve_parts(std::uint32_t depth,
       if (p.lo < b && a < p.hi) part.push_back(c);
     }
     charge(items.size());
+    if (rerank_ != nullptr && part.size() > 1) rerank(part);
     if (!part.empty()) {
       status = dfs(depth, part, 0, 0, a, b);
       if (status != Status::kFound) break;
@@ -324,12 +352,25 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
     off_[c.item] = c.off;
     const std::size_t mark = trail_.size();
     bool hatless = true;
+    // Spatial inference: an unplaced item pushed so high that it no longer
+    // fits under the capacity makes this placement a dead end.
+    bool dead = false;
     for (std::uint32_t j : overlaps_[c.item]) {
       if (off_[j] != kUnplaced) continue;
       hatless = false;
       if (min_off_[j] >= top) continue;
       trail_.push_back({0, j, min_off_[j]});
       min_off_[j] = obstacles_[j].empty() ? top : bump(j, top);
+      if (min_off_[j] + inst_.size[j] > capacity_) dead = true;
+    }
+    if (dead) {
+      charge(overlaps_[c.item].size());
+      while (trail_.size() > mark) {
+        min_off_[trail_.back().index] = trail_.back().old;
+        trail_.pop_back();
+      }
+      off_[c.item] = kUnplaced;
+      continue;
     }
     std::vector<std::int32_t>& points = points_[depth];
     points.clear();
@@ -393,31 +434,62 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
 // Pre-order by a key string over W (duration), A (area), T (max LOAD profile
 // over the lifetime), Z (size); all descending, ties by item index. With a
 // noise level, each key is scaled by a seeded factor in [1 - noise, 1].
-std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std::uint64_t>& total,
-                                    const char* keys, double noise, std::uint64_t& rng) {
+OrderKeys order_keys(const Instance& inst, const char* keys, double noise, std::uint64_t& rng) {
   const std::uint32_t n = inst.num_free;
-  std::vector<double> w(n), a(n), t(n), z(n);
+  OrderKeys k;
+  k.keys = keys;
+  k.w.resize(n);
+  k.a.resize(n);
+  k.z.resize(n);
+  k.t_scale.resize(n);
   for (std::uint32_t i = 0; i < n; ++i) {
     auto jitter = [&]() {
       return noise > 0 ? 1.0 - noise * static_cast<double>(mix(rng) >> 11) * 0x1.0p-53 : 1.0;
     };
-    w[i] = static_cast<double>(inst.duration[i]) * jitter();
-    z[i] = static_cast<double>(inst.size[i]) * jitter();
-    a[i] = static_cast<double>(inst.duration[i]) * static_cast<double>(inst.size[i]) * jitter();
-    t[i] = static_cast<double>(total[i]) * jitter();
+    k.w[i] = static_cast<double>(inst.duration[i]) * jitter();
+    k.z[i] = static_cast<double>(inst.size[i]) * jitter();
+    k.a[i] = static_cast<double>(inst.duration[i]) * static_cast<double>(inst.size[i]) * jitter();
+    k.t_scale[i] = jitter();
   }
+  return k;
+}
+
+std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std::uint64_t>& total,
+                                    const char* keys, double noise, std::uint64_t& rng) {
+  const OrderKeys k = order_keys(inst, keys, noise, rng);
+  return preorder(k, total);
+}
+
+std::vector<std::uint32_t> preorder(const OrderKeys& k, const std::vector<std::uint64_t>& total) {
+  const auto n = static_cast<std::uint32_t>(k.w.size());
+  std::vector<double> t(n);
+  for (std::uint32_t i = 0; i < n; ++i) t[i] = static_cast<double>(total[i]) * k.t_scale[i];
   std::vector<std::uint32_t> ids(n);
   for (std::uint32_t i = 0; i < n; ++i) ids[i] = i;
-  const std::string k(keys);
   std::sort(ids.begin(), ids.end(), [&](std::uint32_t x, std::uint32_t y) {
-    for (char c : k) {
-      const std::vector<double>& v = c == 'W' ? w : c == 'A' ? a : c == 'T' ? t : z;
+    for (char c : k.keys) {
+      const std::vector<double>& v = c == 'W' ? k.w : c == 'A' ? k.a : c == 'T' ? t : k.z;
       if (v[x] != v[y]) return v[x] > v[y];
     }
     return x < y;
   });
   return ids;
 }
+
+namespace {
+// The Luby sequence 1, 1, 2, 1, 1, 2, 4, 1, 1, 2, ... (i >= 1): restart
+// lengths within a log factor of the best fixed one for any run-time
+// distribution (Luby, Sinclair, Zuckerman 1993), and unbounded, so a hard
+// instance eventually gets runs as long as the budget allows.
+std::uint64_t luby(std::uint64_t i) {
+  for (;;) {
+    std::uint64_t k = 1;
+    while ((std::uint64_t{1} << k) - 1 < i) ++k;
+    if (i == (std::uint64_t{1} << k) - 1) return std::uint64_t{1} << (k - 1);
+    i -= (std::uint64_t{1} << (k - 1)) - 1;
+  }
+}
+}  // namespace
 
 void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lower_bound,
                   std::uint64_t seed, Work& work, std::uint64_t& height,
@@ -426,17 +498,19 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lo
   if (n == 0 || height <= lower_bound) return;
   CanonicalSearch search(inst, map);
   // Building it costs about a unit per (buffer, obstacle) pair overlapping
-  // in time (buffer pairs are bounded by the instance size limit).
+  // in time and per tick of every lifetime.
   work.add(search.obstacle_pairs());
   const std::vector<std::uint64_t> total = pressures(inst);
   work.add(static_cast<std::uint64_t>(inst.pieces.size()) * 4 + n);
   std::uint64_t rng = seed ^ 0x5eed5eed5eedull;
   static constexpr const char* kKeys[] = {"WAT", "TAW", "TWA", "ZWA", "AWT"};
+  constexpr std::size_t kExactKeys = 3;  // MiniMalloc's default portfolio
+  std::vector<OrderKeys> fixed_keys;
   std::vector<std::vector<std::uint32_t>> fixed_orders;
-  for (const char* keys : kKeys) fixed_orders.push_back(preorder(inst, total, keys, 0.0, rng));
-  // Two attempts per order and round: the lower bound itself (where the
-  // section bounds prune hardest), and one ladder step below the best
-  // height (small, likely improvements). Node limits double every round.
+  for (const char* keys : kKeys) {
+    fixed_keys.push_back(order_keys(inst, keys, 0.0, rng));
+    fixed_orders.push_back(preorder(fixed_keys.back(), total));
+  }
   std::vector<std::uint64_t> offs;
   std::uint64_t lb = lower_bound;
   const long double step = 0.005L;
@@ -448,12 +522,13 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lo
         height - 1,
         std::max(lb, static_cast<std::uint64_t>(static_cast<long double>(lb) * (1.0L + k * step))));
   };
-  // Returns true when the search should stop.
+  // One run of the search; returns true when the whole search should stop
+  // (budget spent, or the plan at the bound).
   auto attempt = [&](std::uint64_t cap, const std::vector<std::uint32_t>& order,
-                     std::uint64_t limit, bool& found) {
+                     const OrderKeys* keys, std::uint64_t limit, bool& found) {
     found = false;
     offs = initial_offsets(inst);
-    const CanonicalSearch::Status status = search.solve(cap, order, limit, work, offs);
+    const CanonicalSearch::Status status = search.solve(cap, order, limit, work, offs, keys);
     if (status == CanonicalSearch::Status::kFound) {
       found = true;
       const std::uint64_t h = std::max(detail::height(inst, offs), inst.fixed_top);
@@ -467,33 +542,59 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lo
     }
     return work.out() || height <= lb;
   };
-  // Restarts: search times are heavy-tailed, so many short runs over fresh,
-  // seeded perturbations of the pre-orders beat a few long ones. The node
-  // limit cycles through n * 2^0 .. n * 2^kSpan, and the fixed pre-orders
-  // are tried at every limit.
-  constexpr std::uint32_t kSpan = 6;
+  // Two schedules share the budget, each run next by whichever has used
+  // less of it:
+  //  * exact: MiniMalloc's round robin at the lower bound: its three
+  //    pre-orders, each part re-ordered as the search splits it, under a
+  //    node limit doubling every round (n, 2n, 4n, ...), so that a hard
+  //    instance whose bound is reachable gets runs as long as the budget;
+  //  * ladder: restarts (search times are heavy-tailed) over the five fixed
+  //    pre-orders and fresh seeded perturbations of them, node limits
+  //    following the Luby sequence times n, each run one 0.5% step below
+  //    the best height so far and descending while the order succeeds.
+  std::uint64_t exact_used = 0, ladder_used = 0;
+  std::uint64_t exact_round = 1, exact_k = 0;
+  std::uint64_t ladder_round = 0, ladder_k = 0;
+  const std::uint64_t base = std::max<std::uint64_t>(64, n);
   std::vector<std::uint32_t> order;
-  for (std::uint64_t round = 0;; ++round) {
-    const std::uint64_t limit = std::max<std::uint64_t>(64, n) << (round % (kSpan + 1));
-    const std::size_t count = fixed_orders.size() + 6;
-    for (std::size_t k = 0; k < count; ++k) {
-      if (k < fixed_orders.size()) {
-        order = fixed_orders[k];
-      } else {
-        const double noise = 0.1 + 0.1 * static_cast<double>(mix(rng) % 5);
-        order = preorder(inst, total, kKeys[mix(rng) % 3], noise, rng);
+  for (;;) {
+    const std::uint64_t before = work.used();
+    bool found = false;
+    if (exact_used <= ladder_used) {
+      const std::uint64_t limit =
+          exact_round >= 40 ? ~std::uint64_t{0} : std::uint64_t{n} << exact_round;
+      const bool stop =
+          attempt(lb, fixed_orders[exact_k], &fixed_keys[exact_k], limit, found);
+      exact_used += work.used() - before;
+      if (stop) return;
+      if (++exact_k == kExactKeys) {
+        exact_k = 0;
+        ++exact_round;
       }
-      bool found = false;
-      // The exact attempt at the lower bound, for one order in two.
-      if (k % 2 == 0 && attempt(lb, order, limit, found)) return;
-      // Descend while this order keeps finding lower plans.
-      for (;;) {
-        const std::uint64_t cap = next_target();
-        if (cap <= lb) break;
-        if (attempt(cap, order, limit, found)) return;
-        if (!found) break;
-      }
+      continue;
     }
+    const std::uint64_t limit = base * luby(ladder_round + 1);
+    const std::size_t count = fixed_orders.size() + 6;
+    if (ladder_k < fixed_orders.size()) {
+      order = fixed_orders[ladder_k];
+    } else {
+      const double noise = 0.1 + 0.1 * static_cast<double>(mix(rng) % 5);
+      order = preorder(inst, total, kKeys[mix(rng) % 3], noise, rng);
+    }
+    if (++ladder_k == count) {
+      ladder_k = 0;
+      ++ladder_round;
+    }
+    // Descend while this order keeps finding lower plans.
+    bool stop = false;
+    for (;;) {
+      const std::uint64_t cap = next_target();
+      if (cap <= lb) break;
+      if ((stop = attempt(cap, order, nullptr, limit, found))) break;
+      if (!found) break;
+    }
+    ladder_used += work.used() - before;
+    if (stop) return;
   }
 }
 

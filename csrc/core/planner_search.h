@@ -37,6 +37,17 @@
 
 namespace renaissance::planner::detail {
 
+// The keys of a static pre-order (see preorder()): per free item, the values
+// of W (duration), A (area), Z (size), and a factor for T, each already
+// scaled by the seeded noise. T itself is the max over the item's ticks of
+// the bytes still to place there, so it can be recomputed as the search
+// goes (MiniMalloc re-sorts each part it splits off by the totals left).
+struct OrderKeys {
+  std::string keys;
+  std::vector<double> w, a, z, t_scale;
+};
+OrderKeys order_keys(const Instance& inst, const char* keys, double noise, std::uint64_t& rng);
+
 class CanonicalSearch {
  public:
   enum class Status { kFound, kInfeasible, kAborted };
@@ -45,9 +56,11 @@ class CanonicalSearch {
 
   // Looks for a plan of height <= capacity. `preorder` lists the free items
   // (tie-break order). On kFound, `offsets` holds the plan (fixed included).
+  // With `rerank`, each part the search splits off (see solve_parts) is
+  // pre-ordered again by those keys, T from the bytes left to place.
   Status solve(std::uint64_t capacity, const std::vector<std::uint32_t>& preorder,
                std::uint64_t node_limit, Work& work,
-               std::vector<std::uint64_t>& offsets);
+               std::vector<std::uint64_t>& offsets, const OrderKeys* rerank = nullptr);
 
   // (Free piece, fixed piece) pairs overlapping in time, seen when built.
   std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
@@ -72,6 +85,8 @@ class CanonicalSearch {
   Status solve_parts(std::uint32_t depth, const std::vector<Cand>& items,
                      std::vector<std::int32_t>& points, std::int32_t lo, std::int32_t hi);
   std::uint64_t bump(std::uint32_t item, std::uint64_t off) const;
+  // Pre-orders a part again by rerank_'s keys (ranks 0, 1, ... in `part`).
+  void rerank(std::vector<Cand>& part);
   bool check(const std::vector<Cand>& cur, std::uint64_t off, std::int32_t lo, std::int32_t hi);
   // The section bound of tick t above floor f (see above); adds its work
   // to `steps`.
@@ -123,6 +138,8 @@ class CanonicalSearch {
   std::uint32_t initial_multi_ = 0;
   std::vector<std::uint64_t> initial_total_, initial_rem_, initial_min_off_, initial_floor_;
   std::vector<std::int32_t> next_;  // check(): next tick not yet settled
+  const OrderKeys* rerank_ = nullptr;
+  std::vector<double> part_t_;      // solve_parts(): T per item of a part
   std::uint64_t obstacle_pairs_ = 0;
 };
 
@@ -139,6 +156,8 @@ class CanonicalSearch {
 // by a factor drawn from [1 - noise, 1] with the seeded generator `rng`.
 std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std::uint64_t>& total,
                                     const char* keys, double noise, std::uint64_t& rng);
+
+std::vector<std::uint32_t> preorder(const OrderKeys& keys, const std::vector<std::uint64_t>& total);
 
 void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lower_bound,
                   std::uint64_t seed, Work& work, std::uint64_t& height,
