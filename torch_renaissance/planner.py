@@ -22,6 +22,9 @@ class PlanResult:
     greedy_bytes: Optional[int]  # best fit by decreasing size; None when the budget cut it short
     seconds: float            # wall time of the planner
     method: str               # which strategy gave the returned offsets
+    lower_bound_bytes: int = 0  # best lower bound known (LOAD, obstacle bound, proved infeasible + 1)
+    optimal: bool = False     # plan_bytes == lower_bound_bytes: no valid plan is smaller
+    stopped_by: str = ""      # "bound", "work" (deterministic count), "clock" (wall time), "done"
 
 
 def _ext():
@@ -46,7 +49,7 @@ def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: fl
     """
     r = _ext().plan(*_columns(lifetimes), budget_seconds=budget_seconds, seed=seed)
     return PlanResult(list(r["offsets"]), r["size"], r["load"], r["greedy_size"] or None,
-                      r["seconds"], r["method"])
+                      r["seconds"], r["method"], r["lower_bound"], r["optimal"], r["stopped_by"])
 
 
 def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0) -> PlanResult:
@@ -54,8 +57,10 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0) -> Plan
 
     Args:
         trace: from :func:`torch_renaissance.trace.load_trace` or recorded.
-        budget_seconds: search budget; the search is deterministic for a given
-            trace and budget (it counts work, not time).
+        budget_seconds: wall-time budget in seconds. The search stops at a
+            work count derived from it or at the wall clock, whichever comes
+            first (``stopped_by`` says which); the plan is the same on every
+            machine unless the clock stopped it (a slow or loaded machine).
         seed: seed of the randomized orderings.
 
     Returns:

@@ -699,6 +699,72 @@ def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
     return from_snapshot(data, device=device, source=source)
 
 
+class DeviceChoiceError(ValueError):
+    """A snapshot's device is ambiguous (several have data, none was chosen) or absent.
+
+    Attributes:
+        devices (list of int): the devices that have events or segments in the snapshot.
+    """
+
+    def __init__(self, message: str, devices: List[int]) -> None:
+        super().__init__(message)
+        self.devices = list(devices)
+
+
+def snapshot_devices(snapshot: Dict[str, Any], source: Optional[str] = None) -> List[int]:
+    """The devices of a snapshot dict that have events or segments, sorted.
+
+    Args:
+        snapshot (dict): as for :func:`from_snapshot`.
+        source (str, optional): the file name for error messages.
+
+    Raises:
+        ValueError: the dict is not a snapshot (no ``segments`` / ``device_traces`` lists),
+            or a segment is malformed.
+    """
+    w = _Where(source if source is not None else "<snapshot>")
+    _check_snapshot_shape(snapshot, w)
+    devices = {d for d, t in enumerate(snapshot["device_traces"]) if t}
+    for i, seg in enumerate(snapshot["segments"]):
+        if not isinstance(seg, dict):
+            raise w.error(f"segments[{i}]", f"must be a dict, got {type(seg).__name__}")
+        devices.add(_opt_int(seg, "device", 0, w, f"segments[{i}]"))
+    return sorted(devices)
+
+
+def load_snapshot_devices(path: PathLike) -> Dict[int, Trace]:
+    """Load every device of a PyTorch memory snapshot: ``{device: Trace}``.
+
+    The file is read once, with the same safe unpickler and checks as
+    :func:`load_snapshot`; each device with events or segments gets its
+    :class:`Trace` (a snapshot with none gives ``{0: <empty trace of device 0>}``).
+
+    Raises:
+        ValueError: as :func:`load_snapshot`, for the first device that fails.
+        OSError: the file cannot be read.
+    """
+    source = os.fspath(path)
+    data = _safe_unpickle(path)
+    devices = snapshot_devices(data, source)
+    return {d: from_snapshot(data, device=d, source=source) for d in devices or [0]}
+
+
+def is_snapshot_file(path: PathLike) -> bool:
+    """True when :func:`load_trace` reads ``path`` as a snapshot (not as CSV).
+
+    By extension (``.pickle``/``.pkl``: yes; ``.csv``: no), else by content (a binary pickle
+    starts with ``0x80``).
+
+    Raises:
+        OSError: the file has neither extension and cannot be read.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix in (".csv", ".pickle", ".pkl"):
+        return suffix != ".csv"
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"
+
+
 class _Where:
     """Builds error messages that name the source and the offending item."""
 
@@ -858,15 +924,16 @@ def from_snapshot(
     with_data = sorted({d for d, t in enumerate(traces) if t} | set(seg_devices))
     if device is None:
         if len(with_data) > 1:
-            raise w.error(
-                "device_traces",
-                f"the snapshot has data for devices {with_data}; pass device= to choose one",
-            )
+            raise DeviceChoiceError(
+                f"{w.source}: device_traces: the snapshot has data for devices {with_data}; "
+                "pass device= to choose one", with_data)
         device = with_data[0] if with_data else 0
     else:
         device = _to_int(device, "device")
         if device < 0 or (device not in with_data and device >= len(traces)):
-            raise w.error("device_traces", f"no device {device} (devices with data: {with_data})")
+            raise DeviceChoiceError(
+                f"{w.source}: device_traces: no device {device} (devices with data: {with_data})",
+                with_data)
     events: List[Any] = traces[device] if device < len(traces) else []
 
     # Pass 1: which action ends a buffer.

@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(options.seed));
   std::printf("%-36s %7s %5s %15s %8s %6s %15s %8s %15s %8s %7s  %s\n", "instance",
               "buffers", "fixed", "LOAD", "bound%", "b_sec", "greedy_by_size", "greedy%", "ours",
-              "ours%", "sec", "method");
+              "ours%", "sec", "method [stopped by]");
   namespace detail = renaissance::planner::detail;
   int status = 0;
   for (const std::string& file : files) {
@@ -277,12 +277,13 @@ int main(int argc, char** argv) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
       const char* flag = !error.empty() ? "  INVALID" : result.size < bound ? "  BELOW-BOUND" : "";
       std::printf(
-          "%-36s %7zu %5zu %15llu %+7.3f%% %6.3f %15llu %+7.3f%% %15llu %+7.3f%% %7.3f  %s%s\n",
+          "%-36s %7zu %5zu %15llu %+7.3f%% %6.3f %15llu %+7.3f%% %15llu %+7.3f%% %7.3f  %s [%s]%s\n",
           base_name(file).c_str(), problem.buffers.size(), problem.fixed.size(),
           static_cast<unsigned long long>(result.load), over(bound, result.load), bound_seconds,
           static_cast<unsigned long long>(result.greedy_size),
           over(result.greedy_size, result.load), static_cast<unsigned long long>(result.size),
-          over(result.size, result.load), result.seconds, result.method.c_str(), flag);
+          over(result.size, result.load), result.seconds, result.method.c_str(),
+          result.stopped_by.c_str(), flag);
       if (!error.empty()) {
         std::fprintf(stderr, "%s: invalid plan: %s\n", file.c_str(), error.c_str());
         status = 1;

@@ -59,10 +59,15 @@ constexpr double kFloorUnitsPerItem = 12;
 // planner_sweep.h), per N * log2(N + 2): the baseline stops this much short
 // of the work limit.
 constexpr double kSweepUnitsPerItem = 8;
-// The wall-clock safety cap: this many times the time the work limit stands
-// for, plus a margin.
-constexpr double kCapFactor = 2.0;
-constexpr double kCapMargin = 0.25;
+// The wall clock: the search stops at budget_seconds less an allowance of
+// kTailSecondsPerItem * N * log2(N + 2) for what follows it (the final
+// check, the last sweep; about 0.05 s for N = 100,000 on the reference
+// machine, doubled for a loaded one), and never before kFloorClockFactor
+// times the time the work floor stands for (so budget 0 still gets its
+// constructive passes).
+constexpr double kTailSecondsPerItem = 6e-8;
+constexpr double kTailSecondsMin = 0.004;
+constexpr double kFloorClockFactor = 2.0;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
 // ... and only when the (buffer, obstacle) pairs overlapping in time that it
@@ -391,7 +396,12 @@ Result plan(const Problem& problem, const Options& options) {
   const double units =
       std::min(std::max(options.budget_seconds * kUnitsPerSecond, floor_units), 1e18);
   const auto limit = static_cast<std::uint64_t>(units);
-  Work work(limit, units / kUnitsPerSecond * kCapFactor + kCapMargin);
+  const double tail =
+      std::max(kTailSecondsMin, kTailSecondsPerItem * items * std::log2(items + 2));
+  const double clock = std::max(options.budget_seconds - tail,
+                                kFloorClockFactor * floor_units / kUnitsPerSecond);
+  Work work(limit, t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(clock)));
   // First LOAD and the fixed top (with obstacles merged: the cheap part of
   // planner_bound.h, on an empty budget).
   const detail::ObstacleMap map(inst);
@@ -415,14 +425,21 @@ Result plan(const Problem& problem, const Options& options) {
   // can pay for a pass (the baseline's cost); a pass cut short by the
   // budget is dropped.
   const std::uint64_t pass_cost = work.used() - no_work.used();
+  bool cut = !greedy_done;  // some phase was stopped by the budget
   if (greedy_done) {
     for (const Constructive& c : portfolio(inst.num_free)) {
       if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
-      if (work.left() < pass_cost) break;
+      if (work.left() < pass_cost || work.out()) {
+        cut = true;
+        break;
+      }
       offs = detail::initial_offsets(inst);
       placer.reset(offs);
       std::uint64_t h = 0;
-      if (!placer.try_place(detail::make_order(inst, c.order), offs, c.fit, work, h)) break;
+      if (!placer.try_place(detail::make_order(inst, c.order), offs, c.fit, work, h)) {
+        cut = true;
+        break;
+      }
       best.offer(h, offs, c.name);
     }
   }
@@ -443,6 +460,7 @@ Result plan(const Problem& problem, const Options& options) {
   // otherwise the search and then peak repair by ruin and recreate.
   if (options.budget_seconds > 0 && greedy_done &&
       std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
+    cut = true;  // every improvement phase runs until the budget is spent
     const bool obstacles =
         inst.num_items > inst.num_free && map.has_gaps();
     bool search = inst.num_free <= kSearchMaxItems;
@@ -476,7 +494,7 @@ Result plan(const Problem& problem, const Options& options) {
 
   // The sweep is cheap (O(N log N)) and now and then lower than every pass
   // (long, interleaved lifetimes): it replaces the plan when strictly lower.
-  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound) {
+  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound && !work.expired()) {
     offs = detail::initial_offsets(inst);
     best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
   }
@@ -494,6 +512,9 @@ Result plan(const Problem& problem, const Options& options) {
       throw std::logic_error("planner: produced an invalid plan (bug)");
     }
   }
+  r.lower_bound = std::max(lower_bound, inst.fixed_top);
+  r.optimal = r.size <= r.lower_bound;
+  r.stopped_by = r.optimal ? "bound" : work.expired() ? "clock" : cut ? "work" : "done";
   r.seconds = seconds_since(t0);
   return r;
 }

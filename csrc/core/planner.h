@@ -7,9 +7,12 @@
 //
 // Invariants kept by every function here:
 //   * A returned plan is valid: validate() of it returns an empty string.
-//   * Results are a pure function of (Problem, Options): no global state,
-//     and the search is bounded by a deterministic work budget derived from
-//     Options::budget_seconds (the wall clock is only a safety cap).
+//   * No global state. The search stops at a deterministic work count
+//     derived from Options::budget_seconds or at the wall-clock budget,
+//     whichever comes first (Result::stopped_by says which): when the work
+//     count (or the lower bound, or running out of moves) stops it, the
+//     result is a pure function of (Problem, Options), byte for byte; only
+//     a search the clock stopped depends on the machine and its load.
 //   * Offsets are sums of buffer sizes and fixed-buffer ends, so if every size
 //     and fixed offset is a multiple of some alignment, so is every offset.
 //   * Sizes are bounded: the total, sum of buffer sizes + highest fixed end
@@ -58,12 +61,14 @@ struct Problem {
 };
 
 struct Options {
-  // Budget of plan(), in seconds. plan() converts it to a work count, so the
-  // same input and budget give the same plan on any machine; every call may
-  // spend at least a floor of about c * N log N (N buffers and obstacles),
-  // whatever the budget. 0 gives the best of the constructive heuristics that
-  // fit in that floor, and no improvement search. See plan() for the wall
-  // time this gives.
+  // Budget of plan(), in seconds of wall time. plan() converts it to a work
+  // count (the same input and budget give the same plan on any machine
+  // where that count runs out first) and also stops at the wall clock:
+  // plan() returns within about budget_seconds plus an O(N log N) part no
+  // budget skips (see plan()). Every call may spend at least a floor of
+  // about c * N log N work (N buffers and obstacles), whatever the budget;
+  // 0 gives the best of the constructive heuristics that fit in that floor,
+  // and no improvement search.
   double budget_seconds = 1.0;
   std::uint64_t seed = 0;
 };
@@ -77,6 +82,16 @@ struct Result {
   std::uint64_t greedy_size = 0;
   double seconds = 0.0;           // wall time spent in plan()
   std::string method;             // which strategy produced the returned offsets
+  // The best lower bound plan() knows: LOAD, the obstacle bound
+  // (planner_bound.h), or a height the exact search proved infeasible, + 1.
+  std::uint64_t lower_bound = 0;
+  // size == lower_bound: no valid plan is smaller (proved).
+  bool optimal = false;
+  // What ended the search: "bound" (the plan reached the lower bound),
+  // "work" (the deterministic work count), "clock" (the wall-clock budget;
+  // only then does the plan depend on the machine), "done" (nothing left to
+  // try: budget 0, or every phase finished early).
+  std::string stopped_by;
 };
 
 // LOAD: max over time of the bytes in use: the sizes of the live buffers
@@ -101,17 +116,17 @@ Result greedy_by_size(const Problem& problem);
 // or with fixed obstacles a per-tick bound of the gaps they leave
 // (planner_bound.h).
 //
-// Wall time: plan() returns within about max(budget_seconds, c * N log N) +
-// c' * N log N for N buffers and obstacles: the work count covers the
-// heuristics and the search (at least the floor of Options), and the second
-// term is the part no budget can skip (reading the problem, the final
-// validity check; c' * N log N is about 0.1 s for N = 100,000 on the
-// reference machine, see planner.cpp). When the baseline cannot finish within
-// the work count (large instances), the buffers it placed are kept and the
-// rest placed by a sweep over time, or a sweep places all of them, whichever
-// is lower (planner_sweep.h: O(N log N)); Result::greedy_size is then 0. A
-// wall-clock safety cap (twice the time the work count stands for, plus
-// 0.25 s) ends any search that runs over.
+// Wall time: the heuristics and the search stop at the work count or at
+// max(budget_seconds - t_tail, 2 * t_floor) after the call began, whichever
+// comes first; t_floor is the time the work floor of Options stands for and
+// t_tail an allowance for the part no budget can skip (the final validity
+// check and the fallback sweep, O(N log N): about 0.05 s for N = 100,000 on
+// the reference machine, see planner.cpp). So plan() returns within about
+// budget_seconds (0.1 s more at most on the benchmark's instances, idle or
+// loaded; see docs/benchmarks.md). When the baseline cannot finish within
+// its budget (large instances), the buffers it placed are kept and the rest
+// placed by a sweep over time, or a sweep places all of them, whichever is
+// lower (planner_sweep.h: O(N log N)); Result::greedy_size is then 0.
 // Throws std::invalid_argument on a malformed problem.
 Result plan(const Problem& problem, const Options& options = Options{});
 

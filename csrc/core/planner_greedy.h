@@ -7,8 +7,8 @@
 //     items overlapping it in time (fixed obstacles included), or the top of
 //     them, so it is 0, a fixed end or a sum of sizes on top of those.
 //   * Everything is deterministic: ties break by item index, and the work
-//     counter (not the clock) decides when a search stops; the wall clock is
-//     only a safety cap.
+//     counter decides when a search stops, unless the wall-clock deadline
+//     of the Work budget comes first (see Work).
 #pragma once
 
 #include <algorithm>
@@ -21,33 +21,44 @@
 
 namespace renaissance::planner::detail {
 
-// Deterministic work budget with a wall-clock safety cap.
+// Work budget: a deterministic work count and a wall-clock deadline,
+// whichever comes first. While only the count stops a search, everything is
+// a pure function of the input; the deadline makes the budget a promise of
+// wall time (on a loaded machine it stops the search earlier, and the plan
+// then depends on the machine). The clock is read every kPollUnits units of
+// work or every 64 polls, whichever comes first.
 class Work {
  public:
+  using Clock = std::chrono::steady_clock;
+  Work(std::uint64_t limit, Clock::time_point deadline) : limit_(limit), deadline_(deadline) {}
   Work(std::uint64_t limit, double cap_seconds)
-      : limit_(limit),
-        deadline_(std::chrono::steady_clock::now() +
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(cap_seconds))) {}
+      : Work(limit, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(cap_seconds))) {}
   void add(std::uint64_t units) { used_ += units; }
   std::uint64_t used() const { return used_; }
   std::uint64_t left() const { return used_ >= limit_ ? 0 : limit_ - used_; }
-  // True once the work count is spent, or (rarely: safety cap) the deadline.
+  // True once the work count is spent or the deadline passed.
   bool out() {
     if (used_ >= limit_) return true;
-    if (++polls_ % 64 == 0 && std::chrono::steady_clock::now() > deadline_) {
-      limit_ = used_;  // sticky
-      expired_ = true;
-      return true;
+    if (used_ >= next_poll_ || ++polls_ % 64 == 0) {
+      next_poll_ = used_ + kPollUnits;
+      if (Clock::now() > deadline_) {
+        limit_ = used_;  // sticky
+        expired_ = true;
+        return true;
+      }
     }
     return false;
   }
+  // True when the deadline (not the work count) stopped this budget.
+  bool expired() const { return expired_; }
   // A budget of at most `units` out of what is left here, with the same
   // deadline; its use is charged back with absorb().
   Work child(std::uint64_t units) const {
     Work w(*this);
     w.used_ = 0;
     w.polls_ = 0;
+    w.next_poll_ = kPollUnits;
     w.limit_ = std::min(units, left());
     return w;
   }
@@ -60,11 +71,13 @@ class Work {
   }
 
  private:
+  static constexpr std::uint64_t kPollUnits = std::uint64_t{1} << 16;  // about 0.4 ms
   std::uint64_t used_ = 0;
   std::uint64_t limit_;
   std::uint64_t polls_ = 0;
+  std::uint64_t next_poll_ = kPollUnits;
   bool expired_ = false;
-  std::chrono::steady_clock::time_point deadline_;
+  Clock::time_point deadline_;
 };
 
 enum class Fit { kBest, kFirst };

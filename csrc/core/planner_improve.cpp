@@ -358,7 +358,7 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
       // the sub-problem's bound.
       Work child = work.child(std::max<std::uint64_t>(work.left() / 6, 4000000));
       const ObstacleMap sub_map(sub_inst);
-      const std::uint64_t sub_lb = detail::lower_bound(sub_inst, sub_map, &child);
+      std::uint64_t sub_lb = detail::lower_bound(sub_inst, sub_map, &child);
       if (sub_lb < height) {
         sub_offs = initial_offsets(sub_inst);
         for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {

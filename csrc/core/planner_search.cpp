@@ -491,7 +491,7 @@ std::uint64_t luby(std::uint64_t i) {
 }
 }  // namespace
 
-void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lower_bound,
+void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& lower_bound,
                   std::uint64_t seed, Work& work, std::uint64_t& height,
                   std::vector<std::uint64_t>& offsets, std::string& method) {
   const std::uint32_t n = inst.num_free;
@@ -512,15 +512,17 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lo
     fixed_orders.push_back(preorder(fixed_keys.back(), total));
   }
   std::vector<std::uint64_t> offs;
-  std::uint64_t lb = lower_bound;
+  std::uint64_t& lb = lower_bound;  // raised when a capacity is proved infeasible
   const long double step = 0.005L;
   auto next_target = [&]() {
     // The highest lb * (1 + k * step) strictly below `height`.
     const long double ratio = static_cast<long double>(height - 1) / static_cast<long double>(lb);
     const auto k = static_cast<std::uint64_t>(std::floor((ratio - 1.0L) / step));
-    return std::min<std::uint64_t>(
+    const std::uint64_t cap = std::min<std::uint64_t>(
         height - 1,
         std::max(lb, static_cast<std::uint64_t>(static_cast<long double>(lb) * (1.0L + k * step))));
+    // Within one step of the bound: halfway between it and the height.
+    return cap > lb ? cap : lb + (height - 1 - lb) / 2;
   };
   // One run of the search; returns true when the whole search should stop
   // (budget spent, or the plan at the bound).
@@ -558,9 +560,11 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lo
   const std::uint64_t base = std::max<std::uint64_t>(64, n);
   std::vector<std::uint32_t> order;
   for (;;) {
+    if (work.out() || height <= lb) return;
     const std::uint64_t before = work.used();
     bool found = false;
-    if (exact_used <= ladder_used) {
+    // The ladder has no step left above the bound when height is lb + 1.
+    if (exact_used <= ladder_used || height <= lb + 1 || next_target() <= lb) {
       const std::uint64_t limit =
           exact_round >= 40 ? ~std::uint64_t{0} : std::uint64_t{n} << exact_round;
       const bool stop =

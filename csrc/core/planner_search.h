@@ -159,7 +159,7 @@ std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std:
 
 std::vector<std::uint32_t> preorder(const OrderKeys& keys, const std::vector<std::uint64_t>& total);
 
-void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t lower_bound,
+void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& lower_bound,
                   std::uint64_t seed, Work& work, std::uint64_t& height,
                   std::vector<std::uint64_t>& offsets, std::string& method);
 

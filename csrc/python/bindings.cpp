@@ -218,6 +218,9 @@ py::dict result_dict(const planner::Result& r) {
   d["greedy_size"] = r.greedy_size;
   d["seconds"] = r.seconds;
   d["method"] = r.method;
+  d["lower_bound"] = r.lower_bound;
+  d["optimal"] = r.optimal;
+  d["stopped_by"] = r.stopped_by;
   return d;
 }
 

@@ -1,0 +1,167 @@
+"""Seeded synthetic planning instances shaped like transformer training steps.
+
+The planner's benchmark (``benchmarks/bench_planner.py``) and tests use these
+beside the recorded traces in ``../shared/data``, so that the planner is
+measured on instances it was not tuned on. Each instance is one training
+step of a decoder-only transformer as PyTorch's caching allocator sees it
+(sizes rounded up to 512 bytes, one logical tick per allocation or free):
+
+* forward, per micro-batch and layer: activations saved for backward
+  (layer-norm inputs, q/k/v, attention probabilities, dropout masks, MLP
+  inputs) and short-lived temporaries (matmul outputs, softmax scratch),
+  freed soon after they are made;
+* backward, layers in reverse: gradients of activations (temporaries), the
+  layer's saved activations freed in reverse order of their allocation, and
+  weight gradients accumulated into gradient buckets (DDP-style, about
+  ``bucket_mb`` MiB each) that live until the optimizer step;
+* optimizer: per parameter, a few temporaries (Adam's ``exp_avg_sq.sqrt()``,
+  the update), then the buckets are freed (``zero_grad(set_to_none=True)``).
+
+The model's widths, sequence length, batch size and the layer count are drawn
+from the seed; ``buffers`` sets about how many buffers the step has (the
+micro-batch count is chosen to reach it).
+"""
+from __future__ import annotations
+
+import random
+from typing import List, Tuple
+
+_ROUND = 512  # PyTorch's CUDA caching allocator rounds every request to 512 bytes
+
+
+def _r(n: int) -> int:
+    return max(_ROUND, -(-int(n) // _ROUND) * _ROUND)
+
+
+def training_step(buffers: int = 10_000, seed: int = 0) -> List[Tuple[int, int, int]]:
+    """One synthetic training step as ``(size, lower, upper)`` buffers.
+
+    Args:
+        buffers: about how many buffers to make (1,000 to 200,000); the
+            result is within a layer's worth of it.
+        seed: picks the model shape, the micro-batch split and the small
+            random variations (which temporaries an op makes).
+
+    Returns:
+        list of ``(size_bytes, lower, upper)``: lifetime ``[lower, upper)`` in
+        a logical clock of one tick per allocation or free; sizes are
+        multiples of 512 bytes.
+
+    Raises:
+        ValueError: ``buffers`` outside [1,000, 200,000].
+    """
+    if not 1_000 <= buffers <= 200_000:
+        raise ValueError(f"buffers must be in [1000, 200000], got {buffers}")
+    rng = random.Random(seed)
+    hidden = rng.choice([512, 768, 1024, 1536, 2048, 4096])
+    heads = hidden // rng.choice([64, 128])
+    ffn = hidden * rng.choice([3, 4])
+    seq = rng.choice([128, 256, 512, 1024, 2048])
+    batch = rng.choice([1, 2, 4, 8])
+    layers = rng.randint(4, 48)
+    elem = rng.choice([2, 4])  # bf16 / fp32 activations
+    bucket = rng.choice([25, 50]) << 20
+    tokens = batch * seq
+    per_layer_mb = 29  # about the buffers one layer makes per micro-batch (see below)
+    micro = max(1, round(buffers / (layers * per_layer_mb + 20)))
+    if micro > 64:  # many buffers: deeper model rather than hundreds of micro-batches
+        layers = min(96, max(layers, round(buffers / (64 * per_layer_mb))))
+        micro = max(1, round(buffers / (layers * per_layer_mb + 20)))
+
+    out: List[Tuple[int, int, int]] = []
+    live = {}  # handle -> (size, lower)
+    clock = [0]
+    next_id = [0]
+
+    def alloc(size: int) -> int:
+        h = next_id[0]
+        next_id[0] += 1
+        live[h] = (_r(size), clock[0])
+        clock[0] += 1
+        return h
+
+    def free(h: int) -> None:
+        size, lower = live.pop(h)
+        out.append((size, lower, clock[0] + 1))
+        clock[0] += 1
+
+    act = tokens * hidden * elem
+    param_sizes = [hidden * 3 * hidden, hidden * hidden, hidden * ffn, ffn * hidden, hidden, hidden]
+    buckets: List[int] = []
+    bucket_fill = [bucket]  # bytes left in the newest bucket
+
+    def grad_into_bucket(nbytes: int) -> None:
+        if bucket_fill[0] + nbytes > bucket:
+            buckets.append(alloc(max(bucket, nbytes)))
+            bucket_fill[0] = 0
+        bucket_fill[0] += nbytes
+
+    for m in range(micro):
+        saved: List[List[int]] = []
+        x = alloc(act)  # embedding output
+        for _ in range(layers):
+            keep = []
+            keep.append(alloc(act))                       # layer-norm 1 input
+            qkv = alloc(3 * act)
+            keep.append(qkv)                              # q, k, v
+            scores = alloc(batch * heads * seq * seq * elem)
+            probs = alloc(batch * heads * seq * seq * elem)
+            free(scores)
+            keep.append(probs)                            # attention probabilities
+            if rng.random() < 0.7:
+                keep.append(alloc(batch * heads * seq * seq))  # dropout mask (bool)
+            ctx = alloc(act)
+            keep.append(ctx)
+            proj = alloc(act)
+            nx = alloc(act)                               # residual
+            free(proj)
+            keep.append(alloc(act))                       # layer-norm 2 input
+            up = alloc(tokens * ffn * elem)
+            keep.append(up)                               # MLP input of the activation
+            g = alloc(tokens * ffn * elem)
+            keep.append(g)                                # GELU output
+            down = alloc(act)
+            nx2 = alloc(act)
+            free(down)
+            free(x)
+            free(nx)
+            x = nx2
+            for _ in range(rng.randint(0, 3)):            # small scratch (means, rstd, ...)
+                free(alloc(tokens * 4 * rng.choice([1, 2])))
+            saved.append(keep)
+        logits = alloc(tokens * rng.choice([32000, 50304]) * elem // max(1, micro // 4 + 1))
+        loss = alloc(4)
+        free(logits)
+        gx = alloc(act)                                   # gradient of the last activation
+        free(x)
+        for layer in reversed(range(layers)):
+            keep = saved[layer]
+            for k in range(len(keep) - 1, -1, -1):
+                tmp = alloc(max(act, live[keep[k]][0]))   # gradient of that activation
+                free(keep[k])
+                if k % 3 == 0:
+                    ngx = alloc(act)
+                    free(gx)
+                    free(tmp)
+                    gx = ngx
+                else:
+                    free(tmp)
+            if m == 0:
+                for p in param_sizes:
+                    grad_into_bucket(p * elem)
+            else:
+                for _ in range(2):                        # accumulation temporaries
+                    free(alloc(param_sizes[rng.randrange(4)] * elem))
+        free(gx)
+        free(loss)
+    for p in range(layers * len(param_sizes)):            # optimizer step
+        size = param_sizes[p % len(param_sizes)] * 4
+        a = alloc(size)
+        b = alloc(size)
+        free(a)
+        free(b)
+    for h in buckets:
+        free(h)
+    for h in list(live):
+        free(h)
+    return out
