@@ -245,28 +245,63 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # plan
 # ---------------------------------------------------------------------------
 
+def _plan_json(tr_, res) -> dict:
+    return {
+        "buffers": len(tr_),
+        "load_bytes": res.load_bytes,
+        "greedy_bytes": res.greedy_bytes,
+        "plan_bytes": res.plan_bytes,
+        "lower_bound_bytes": res.lower_bound_bytes,
+        "optimal": res.optimal,
+        "stopped_by": res.stopped_by,
+        "pytorch_reserved_bytes": tr_.pytorch_reserved_peak,
+        "plan_seconds": res.seconds,
+    }
+
+
+def _load_for_plan(args: argparse.Namespace):
+    """``{device or None: Trace}`` for ``plan``; raises ValueError/OSError with a CLI message."""
+    from torch_renaissance import trace as trace_mod
+
+    if args.device is None:
+        try:
+            return {None: trace_mod.load_trace(args.trace)}
+        except trace_mod.DeviceChoiceError as e:
+            raise ValueError(f"{args.trace}: the snapshot has data for devices {e.devices}; "
+                             "choose one with --device N, or --device all") from None
+    if not trace_mod.is_snapshot_file(args.trace):
+        raise ValueError(f"{args.trace}: --device applies to PyTorch snapshots; "
+                         "a CSV trace has no devices (drop --device)")
+    if args.device == "all":
+        return trace_mod.load_snapshot_devices(args.trace)
+    try:
+        return {args.device: trace_mod.load_snapshot(args.trace, device=args.device)}
+    except trace_mod.DeviceChoiceError as e:
+        raise ValueError(f"{args.trace}: --device {args.device}: no such device in the snapshot "
+                         f"(devices with data: {e.devices})") from None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from torch_renaissance import trace as trace_mod
     from torch_renaissance.planner import plan_trace
 
     try:
-        tr_ = trace_mod.load_trace(args.trace)
+        traces = _load_for_plan(args)
     except (OSError, ValueError) as e:
         print(f"torch-renaissance plan: {e}", file=sys.stderr)
         return 2
-    try:
-        res = plan_trace(tr_, budget_seconds=args.budget)
-    except (ValueError, TypeError, OverflowError) as e:
-        print(f"torch-renaissance plan: {args.trace}: cannot plan: {e}", file=sys.stderr)
-        return 2
-    out = {
-        "buffers": len(tr_),
-        "load_bytes": res.load_bytes,
-        "greedy_bytes": res.greedy_bytes,
-        "plan_bytes": res.plan_bytes,
-        "pytorch_reserved_bytes": tr_.pytorch_reserved_peak,
-        "plan_seconds": res.seconds,
-    }
+    results = {}
+    for dev, tr_ in traces.items():
+        try:
+            results[dev] = plan_trace(tr_, budget_seconds=args.budget)
+        except (ValueError, TypeError, OverflowError) as e:
+            where = args.trace if dev is None else f"{args.trace} (device {dev})"
+            print(f"torch-renaissance plan: {where}: cannot plan: {e}", file=sys.stderr)
+            return 2
+    if args.device == "all":
+        return _plan_all(args, traces, results)
+    tr_, res = traces[next(iter(traces))], results[next(iter(results))]
+    out = _plan_json(tr_, res)
     png_error = None
     if args.png:
         try:
@@ -282,17 +317,63 @@ def cmd_plan(args: argparse.Namespace) -> int:
     def vs(n):
         return "" if n is None or not res.load_bytes else f"  ({100 * (n / res.load_bytes - 1):+.2f}% vs LOAD)"
 
-    print(f"trace              {args.trace}")
+    print(f"trace              {args.trace}" + ("" if args.device is None else f"  (device {args.device})"))
     print(f"buffers            {out['buffers']}")
     print(f"LOAD               {_mib(res.load_bytes)}  ({res.load_bytes} bytes)")
     print(f"greedy by size     {_mib(res.greedy_bytes)}{vs(res.greedy_bytes)}"
           + ("" if res.greedy_bytes else "  (not finished within the budget)"))
-    print(f"torch_renaissance  {_mib(res.plan_bytes)}{vs(res.plan_bytes)}  [{res.method}]")
+    print(f"torch_renaissance  {_mib(res.plan_bytes)}{vs(res.plan_bytes)}  [{res.method}]"
+          + ("  (optimal)" if res.optimal else ""))
     print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
-    print(f"planning time      {res.seconds:.3f} s")
+    print(f"planning time      {res.seconds:.3f} s  (stopped by: {_STOPPED[res.stopped_by]})")
     if args.png and not png_error:
         print(f"packing drawn to   {args.png}")
     return 2 if png_error else 0
+
+
+_STOPPED = {"bound": "the lower bound", "work": "the work count", "clock": "the wall clock",
+            "done": "nothing left to try"}
+
+
+def _plan_all(args: argparse.Namespace, traces, results) -> int:
+    """``plan --device all``: one row (JSON object) per device and the totals."""
+    if args.png:
+        print("torch-renaissance plan: --png draws one device; use --device N with it", file=sys.stderr)
+        return 2
+    per = {dev: _plan_json(traces[dev], results[dev]) for dev in traces}
+
+    def total(key):
+        vals = [o[key] for o in per.values()]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    totals = {k: total(k) for k in ("buffers", "load_bytes", "greedy_bytes", "plan_bytes",
+                                    "lower_bound_bytes", "pytorch_reserved_bytes", "plan_seconds")}
+    totals["optimal"] = all(o["optimal"] for o in per.values())
+    if args.json:
+        print(json.dumps({"devices": [{"device": d, **o} for d, o in per.items()], "total": totals}))
+        return 0
+
+    def pct(n, load):
+        return "n/a" if n is None or not load else f"{100 * (n / load - 1):+.2f}%"
+
+    print(f"trace  {args.trace}")
+    print(f"{'device':>8} {'buffers':>8} {'LOAD':>12} {'greedy':>9} {'plan':>12} {'plan/LOAD':>9} "
+          f"{'PyTorch':>9} {'seconds':>8}")
+    rows = [(str(d), o) for d, o in per.items()] + [("total", totals)]
+    for name, o in rows:
+        print(f"{name:>8} {o['buffers']:>8} {_mib(o['load_bytes']):>12} "
+              f"{pct(o['greedy_bytes'], o['load_bytes']):>9} {_mib(o['plan_bytes']):>12} "
+              f"{pct(o['plan_bytes'], o['load_bytes']):>9} "
+              f"{pct(o['pytorch_reserved_bytes'], o['load_bytes']):>9} {o['plan_seconds']:>8.3f}")
+    return 0
+
+
+def _device(text: str):
+    if text == "all":
+        return "all"
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a device index (0, 1, ...) or 'all', got {text!r}")
+    return int(text)
 
 
 def _budget(text: str) -> float:
@@ -341,7 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("plan", help="plan a recorded trace and compare")
     q.add_argument("trace")
-    q.add_argument("--budget", type=_budget, default=1.0, help="search budget in seconds (0-3600)")
+    q.add_argument("--budget", type=_budget, default=1.0,
+                   help="planning time budget in seconds of wall time (0-3600); the plan is the "
+                        "same on every machine unless the wall clock stopped the search")
+    q.add_argument("--device", type=_device, default=None, metavar="N|all",
+                   help="the device of a multi-device PyTorch snapshot, or 'all' (one row per "
+                        "device and the totals)")
     q.add_argument("--png", metavar="PATH", help="draw the packing (address x time)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(fn=cmd_plan)

@@ -429,7 +429,10 @@ Result plan(const Problem& problem, const Options& options) {
   if (greedy_done) {
     for (const Constructive& c : portfolio(inst.num_free)) {
       if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
-      if (work.left() < pass_cost || work.out()) {
+      // Large instances: the passes get half of the work count at most,
+      // so that the peak repair gets the rest.
+      if (work.left() < pass_cost || work.out() ||
+          (inst.num_free > kSearchMaxItems && work.used() + pass_cost > limit / 2)) {
         cut = true;
         break;
       }
