@@ -12,7 +12,7 @@ DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy mat
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
-.PHONY: venv build demo test bench check-cuda clean
+.PHONY: venv build demo test test-cpp bench check-cuda clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -40,9 +40,21 @@ build: $(VENV)/.built
 demo: build
 	$(VENV)/bin/torch-renaissance demo
 
-# The tests, then every benchmark once, untimed and on small inputs, so that
-# the benchmarks cannot rot (about 15 s).
-test: build $(VENV)/.bench-deps
+# The planner's exhaustive C++ test (brute-force optimality, obstacle bounds,
+# overflow cases): few iterations here and no timing checks; by hand,
+# `build/plan_test 400 --timings` runs the long version with timings.
+PLANNER_SOURCES := $(wildcard csrc/core/planner*.cpp csrc/core/planner*.h)
+build/plan_test: tests/cpp/plan_test.cpp $(PLANNER_SOURCES)
+	@mkdir -p build
+	$(CXX) -O2 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/plan_test.cpp \
+	    $(filter %.cpp,$(PLANNER_SOURCES)) -o $@
+
+test-cpp: build/plan_test
+	build/plan_test 40
+
+# The tests (the planner's C++ test first), then every benchmark once,
+# untimed and on small inputs, so that the benchmarks cannot rot (about 15 s).
+test: build test-cpp $(VENV)/.bench-deps
 	$(PY) -m pytest -q tests
 	$(PY) -m pytest -q benchmarks --benchmark-disable
 

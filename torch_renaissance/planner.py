@@ -40,19 +40,25 @@ def _columns(lifetimes: Sequence[Tuple[int, int, int]]) -> Tuple[List[int], List
 
 
 def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: float = 1.0,
-                   seed: int = 0) -> PlanResult:
+                   seed: int = 0, clock_seconds: Optional[float] = None) -> PlanResult:
     """Plans buffers given as ``(size, lower, upper)`` (lifetime ``[lower, upper)``).
+
+    ``budget_seconds`` and ``seed`` as for :func:`plan_trace`; ``clock_seconds`` is the
+    wall-clock part of the budget (default: ``budget_seconds``; ``math.inf``: no clock, so the
+    plan depends on the input alone, however slow the machine).
 
     Raises:
         ValueError: a malformed buffer (``upper <= lower``, negative values),
             naming its index.
     """
-    r = _ext().plan(*_columns(lifetimes), budget_seconds=budget_seconds, seed=seed)
+    r = _ext().plan(*_columns(lifetimes), budget_seconds=budget_seconds, seed=seed,
+                    clock_seconds=-1.0 if clock_seconds is None else clock_seconds)
     return PlanResult(list(r["offsets"]), r["size"], r["load"], r["greedy_size"] or None,
                       r["seconds"], r["method"], r["lower_bound"], r["optimal"], r["stopped_by"])
 
 
-def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0) -> PlanResult:
+def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
+               clock_seconds: Optional[float] = None) -> PlanResult:
     """Plans every buffer of ``trace``.
 
     Args:
@@ -62,11 +68,13 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0) -> Plan
             first (``stopped_by`` says which); the plan is the same on every
             machine unless the clock stopped it (a slow or loaded machine).
         seed: seed of the randomized orderings.
+        clock_seconds: the wall-clock part of the budget (default ``budget_seconds``);
+            ``math.inf`` turns the clock off (reproducible plans on any machine).
 
     Returns:
         :class:`PlanResult`; ``offsets[i]`` belongs to ``trace.entries[i]``.
     """
-    return plan_lifetimes(trace.lifetimes(), budget_seconds, seed)
+    return plan_lifetimes(trace.lifetimes(), budget_seconds, seed, clock_seconds)
 
 
 def validate(lifetimes: Sequence[Tuple[int, int, int]], offsets: Sequence[int]) -> Optional[str]:

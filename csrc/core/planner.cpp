@@ -59,14 +59,17 @@ constexpr double kFloorUnitsPerItem = 12;
 // planner_sweep.h), per N * log2(N + 2): the baseline stops this much short
 // of the work limit.
 constexpr double kSweepUnitsPerItem = 8;
-// The wall clock: the search stops at budget_seconds less an allowance of
-// kTailSecondsPerItem * N * log2(N + 2) for what follows it (the final
-// check, the last sweep; about 0.05 s for N = 100,000 on the reference
-// machine, doubled for a loaded one), and never before kFloorClockFactor
+// The wall clock: the search stops at budget_seconds less an allowance for
+// what follows it (the final check, the last sweep): kTailSecondsPerItem *
+// N * log2(N + 2) (about 0.05 s for N = 100,000 on the reference machine,
+// doubled), or kTailPerBuild times the time the instance took to build,
+// whichever is larger; and never before kFloorClockFactor
 // times the time the work floor stands for (so budget 0 still gets its
 // constructive passes).
 constexpr double kTailSecondsPerItem = 6e-8;
 constexpr double kTailSecondsMin = 0.004;
+constexpr double kTailPerBuild = 2.0;
+constexpr double kSweepsPerBuild = 2.0;
 constexpr double kFloorClockFactor = 2.0;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
@@ -284,12 +287,16 @@ Result make_result(const Problem& problem, const Instance& inst, const Best& bes
 // (returns false) once that is spent; then the items it placed, with the
 // rest placed by the sweep above them, and the sweep alone are offered
 // instead (planner_sweep.h; `reserve` is about their cost).
+// The wall clock is kept the same way: the baseline stops `reserve_seconds`
+// before the deadline.
 bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t reserve,
-                Best& best) {
+                double reserve_seconds, Best& best) {
   std::vector<std::uint64_t> offs = detail::initial_offsets(inst);
   placer.reset(offs);
   std::uint64_t h = 0;
-  Work share = work.child(work.left() > reserve ? work.left() - reserve : 0);
+  Work share = work.child(work.left() > reserve ? work.left() - reserve : 0,
+                          work.deadline() - std::chrono::duration_cast<Work::Clock::duration>(
+                                                std::chrono::duration<double>(reserve_seconds)));
   const bool done =
       placer.try_place(detail::make_order(inst, Order::kSize), offs, Fit::kBest, share, h);
   work.absorb(share);
@@ -375,7 +382,7 @@ Result greedy_by_size(const Problem& problem) {
   Placer placer(inst);
   Work work(std::numeric_limits<std::uint64_t>::max(), 1e9);
   Best best;
-  run_greedy(inst, placer, work, 0, best);
+  run_greedy(inst, placer, work, 0, 0.0, best);
   Result r = make_result(problem, inst, best, 0);
   r.greedy_size = r.size;
   if (!sweep_check(problem, r.offsets).empty()) {
@@ -390,16 +397,26 @@ Result plan(const Problem& problem, const Options& options) {
   if (!(options.budget_seconds >= 0.0) || !std::isfinite(options.budget_seconds)) {
     throw std::invalid_argument("planner: budget_seconds must be finite and >= 0");
   }
+  if (std::isnan(options.clock_seconds)) {
+    throw std::invalid_argument("planner: clock_seconds must not be NaN");
+  }
   const Instance inst(problem);
   const double items = static_cast<double>(inst.num_items);
   const double floor_units = kFloorUnits + kFloorUnitsPerItem * items * std::log2(items + 2);
   const double units =
       std::min(std::max(options.budget_seconds * kUnitsPerSecond, floor_units), 1e18);
   const auto limit = static_cast<std::uint64_t>(units);
-  const double tail =
-      std::max(kTailSecondsMin, kTailSecondsPerItem * items * std::log2(items + 2));
-  const double clock = std::max(options.budget_seconds - tail,
-                                kFloorClockFactor * floor_units / kUnitsPerSecond);
+  // The tail costs about as much as building the instance did (both are
+  // sorts and sweeps over every piece), which also measures how slow (or
+  // loaded) this machine is right now: the allowance is the larger of the
+  // two estimates.
+  const double build_seconds = seconds_since(t0);
+  const double tail = std::max({kTailSecondsMin, kTailSecondsPerItem * items * std::log2(items + 2),
+                                kTailPerBuild * build_seconds});
+  const double wall = options.clock_seconds < 0 ? options.budget_seconds : options.clock_seconds;
+  // A deadline a century away stands for "no clock" (+infinity).
+  const double clock = std::min(
+      std::max(wall - tail, kFloorClockFactor * floor_units / kUnitsPerSecond), 3.15e9);
   Work work(limit, t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(clock)));
   // First LOAD and the fixed top (with obstacles merged: the cheap part of
@@ -416,7 +433,10 @@ Result plan(const Problem& problem, const Options& options) {
   Best best;
   const auto reserve =
       static_cast<std::uint64_t>(kSweepUnitsPerItem * items * std::log2(items + 2));
-  const bool greedy_done = run_greedy(inst, placer, work, reserve, best);
+  // The fallback's two sweeps cost about twice what building the instance
+  // did (both sort and sweep every piece).
+  const bool greedy_done =
+      run_greedy(inst, placer, work, reserve, kSweepsPerBuild * build_seconds, best);
   const std::uint64_t greedy_height = greedy_done ? best.height : 0;
   work.absorb(no_work);
   std::vector<std::uint64_t> offs;

@@ -70,6 +70,11 @@ struct Options {
   // 0 gives the best of the constructive heuristics that fit in that floor,
   // and no improvement search.
   double budget_seconds = 1.0;
+  // The wall-clock part of the budget, in seconds: < 0 (default): the same
+  // as budget_seconds; +infinity: no clock, so the work count alone stops
+  // the search and the plan depends on (Problem, Options) only, on every
+  // machine, however loaded (it then takes as long as the work takes).
+  double clock_seconds = -1.0;
   std::uint64_t seed = 0;
 };
 

@@ -62,6 +62,13 @@ class Work {
     w.limit_ = std::min(units, left());
     return w;
   }
+  // The same, with a deadline no later than `deadline`.
+  Work child(std::uint64_t units, Clock::time_point deadline) const {
+    Work w = child(units);
+    w.deadline_ = std::min(deadline_, deadline);
+    return w;
+  }
+  Clock::time_point deadline() const { return deadline_; }
   void absorb(const Work& child) {
     used_ += child.used_;
     if (child.expired_) {

@@ -366,10 +366,11 @@ PYBIND11_MODULE(_C, m) {
       "plan",
       [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
          const std::vector<std::int64_t>& uppers, std::int64_t period, const FixedList& fixed,
-         double budget_seconds, std::uint64_t seed) {
+         double budget_seconds, std::uint64_t seed, double clock_seconds) {
         planner::Problem p = problem_from(sizes, lowers, uppers, period, fixed);
         planner::Options o;
         o.budget_seconds = budget_seconds;
+        o.clock_seconds = clock_seconds;
         o.seed = seed;
         planner::Result r;
         {
@@ -379,7 +380,8 @@ PYBIND11_MODULE(_C, m) {
         return result_dict(r);
       },
       py::arg("sizes"), py::arg("lowers"), py::arg("uppers"), py::arg("period") = 0,
-      py::arg("fixed") = FixedList{}, py::arg("budget_seconds") = 1.0, py::arg("seed") = 0);
+      py::arg("fixed") = FixedList{}, py::arg("budget_seconds") = 1.0, py::arg("seed") = 0,
+      py::arg("clock_seconds") = -1.0);
   m.def(
       "greedy_by_size",
       [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
