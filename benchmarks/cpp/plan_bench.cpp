@@ -3,7 +3,7 @@
 // Build (from the repository root):
 //   g++ -O2 -std=c++17 -Icsrc benchmarks/cpp/plan_bench.cpp csrc/core/planner*.cpp -o /tmp/plan_bench
 // Run:
-//   /tmp/plan_bench [--budget=SECONDS] [--seed=N] FILE.csv|FILE.json...
+//   /tmp/plan_bench [--budget=SECONDS] [--seed=N] [--no-clock] FILE.csv|FILE.json...
 //
 // Each CSV has the header `id,lower,upper,size` (lifetime [lower, upper),
 // size in bytes). A .json file is a runtime problem recorded by the arena:
@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -242,10 +243,14 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg.rfind("--budget=", 0) == 0) {
       options.budget_seconds = std::atof(arg.c_str() + 9);
+    } else if (arg == "--no-clock") {
+      // The work count alone stops the search: the plan an idle reference
+      // machine gets, on any machine (planner.h, Options::clock_seconds).
+      options.clock_seconds = std::numeric_limits<double>::infinity();
     } else if (arg.rfind("--seed=", 0) == 0) {
       options.seed = std::strtoull(arg.c_str() + 7, nullptr, 10);
     } else if (arg == "-h" || arg == "--help") {
-      std::printf("usage: %s [--budget=SECONDS] [--seed=N] FILE.csv|FILE.json...\n",
+      std::printf("usage: %s [--budget=SECONDS] [--seed=N] [--no-clock] FILE.csv|FILE.json...\n",
                   argv[0]);
       return 0;
     } else {
@@ -253,7 +258,7 @@ int main(int argc, char** argv) {
     }
   }
   if (files.empty()) {
-    std::fprintf(stderr, "usage: %s [--budget=SECONDS] [--seed=N] FILE.csv|FILE.json...\n",
+    std::fprintf(stderr, "usage: %s [--budget=SECONDS] [--seed=N] [--no-clock] FILE.csv|FILE.json...\n",
                  argv[0]);
     return 2;
   }
