@@ -6,13 +6,15 @@
 //     returned: the sweep's plan (planner_sweep.h, independent of the rest)
 //     is returned instead, and if even that failed, std::logic_error is
 //     thrown.
-//   * Results depend only on (Problem, Options): every pass and the
-//     improvement search are bounded by a work count derived from
-//     Options::budget_seconds (at least a floor of c * N log N); the wall
-//     clock is a safety cap at twice the time that count stands for.
-//   * What no work count bounds is O(N log N): building the instance, the
+//   * Every pass and the improvement search stop at a work count derived
+//     from Options::budget_seconds (at least a floor of c * N log N) or at
+//     the wall-clock deadline, whichever comes first; Result::stopped_by
+//     says which. Unless the clock stopped them, results depend only on
+//     (Problem, Options). Phase decisions (which pass runs, how the budget
+//     is split) look at the work count only, never at the clock.
+//   * What no budget bounds is O(N log N): building the instance, the
 //     sweep fallback, the final check (on the reference machine, about
-//     0.1 s together for N = 100,000).
+//     0.1 s together for N = 100,000); the deadline leaves time for it.
 //   * Malformed problems throw std::invalid_argument naming the first bad
 //     buffer (see planner_instance.cpp).
 #include "core/planner.h"

@@ -143,14 +143,18 @@ class CanonicalSearch {
   std::uint64_t obstacle_pairs_ = 0;
 };
 
-// Portfolio over the canonical search, with restarts: fixed pre-orders
-// (MiniMalloc's width/area/total orders and size- and area-first ones) and
-// fresh seeded perturbations of them, under node limits cycling from n to
-// 64 n. Each run targets the lower bound (one order in two) and then one
-// 0.5% step below the best height so far, descending while the same order
-// keeps succeeding. Improves (height, offsets, method) in place while the
-// work budget lasts; a capacity proved infeasible raises the lower bound.
-// Free items sorted by the keys in `keys`, each descending: W (duration),
+// search_small: two schedules over the canonical search share the budget
+// (whichever has used less runs next): MiniMalloc's round robin at the lower
+// bound (its WAT, TAW, TWA pre-orders, each part re-ordered as the search
+// splits it, node limits n, 2n, 4n, ... without cap), and a ladder with
+// restarts (five fixed pre-orders and seeded perturbations of them, node
+// limits n times the Luby sequence), each run one 0.5% step below the best
+// height so far (halfway to the bound when closer), descending while the
+// order keeps succeeding. Improves (height, offsets, method) in place until
+// the Work budget is out; a capacity proved infeasible raises
+// `lower_bound` (so the caller can report a plan at it as optimal).
+//
+// preorder: free items sorted by the keys in `keys`, each descending: W (duration),
 // A (area = size x duration), T (`total`: max LOAD profile over the
 // lifetime), Z (size); ties by index. With noise > 0 each key value is scaled
 // by a factor drawn from [1 - noise, 1] with the seeded generator `rng`.
