@@ -65,9 +65,9 @@ constexpr double kSweepUnitsPerItem = 8;
 // what follows it (the final check, the last sweep): kTailSecondsPerItem *
 // N * log2(N + 2) (about 0.05 s for N = 100,000 on the reference machine,
 // doubled), or kTailPerBuild times the time the instance took to build,
-// whichever is larger; and never before kFloorClockFactor
-// times the time the work floor stands for (so budget 0 still gets its
-// constructive passes).
+// whichever is larger; with budget 0 (or an explicit clock_seconds), never
+// before kFloorClockFactor times the time the work floor stands for (so
+// budget 0 still gets its constructive passes).
 constexpr double kTailSecondsPerItem = 6e-8;
 constexpr double kTailSecondsMin = 0.004;
 constexpr double kTailPerBuild = 2.0;
@@ -307,10 +307,20 @@ bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t 
     return true;
   }
   work.add(reserve);
-  best.offer(detail::sweep_best_fit_above(inst, detail::height(inst, offs), offs), offs,
-             "greedy_by_size_then_sweep");
-  offs = detail::initial_offsets(inst);
-  best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
+  // Both fallbacks when there is time; past the deadline only one: the
+  // baseline completed by the sweep when the baseline placed most items,
+  // else the sweep alone.
+  std::size_t placed = 0;
+  for (std::uint32_t i = 0; i < inst.num_free; ++i) placed += offs[i] != kUnplaced;
+  const bool late = share.expired();
+  if (!late || 2 * placed >= inst.num_free) {
+    best.offer(detail::sweep_best_fit_above(inst, detail::height(inst, offs), offs), offs,
+               "greedy_by_size_then_sweep");
+  }
+  if (!late || 2 * placed < inst.num_free) {
+    offs = detail::initial_offsets(inst);
+    best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
+  }
   return false;
 }
 
@@ -417,8 +427,13 @@ Result plan(const Problem& problem, const Options& options) {
                                 kTailPerBuild * build_seconds});
   const double wall = options.clock_seconds < 0 ? options.budget_seconds : options.clock_seconds;
   // A deadline a century away stands for "no clock" (+infinity).
+  // Budget 0 keeps the constructive passes of the work floor; any other
+  // budget is a wall-clock promise.
   const double clock = std::min(
-      std::max(wall - tail, kFloorClockFactor * floor_units / kUnitsPerSecond), 3.15e9);
+      options.budget_seconds > 0 && options.clock_seconds < 0
+          ? std::max(wall - tail, 0.0)
+          : std::max(wall - tail, kFloorClockFactor * floor_units / kUnitsPerSecond),
+      3.15e9);
   Work work(limit, t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(clock)));
   // First LOAD and the fixed top (with obstacles merged: the cheap part of

@@ -122,9 +122,9 @@ Result greedy_by_size(const Problem& problem);
 // (planner_bound.h).
 //
 // Wall time: the heuristics and the search stop at the work count or at
-// max(budget_seconds - t_tail, 2 * t_floor) after the call began, whichever
-// comes first; t_floor is the time the work floor of Options stands for and
-// t_tail an allowance for the part no budget can skip (the final validity
+// budget_seconds - t_tail after the call began, whichever comes first
+// (budget 0: at 2 * t_floor, t_floor the time the work floor of Options
+// stands for, so that the constructive passes run); t_tail is an allowance for the part no budget can skip (the final validity
 // check and the fallback sweep, O(N log N): about 0.05 s for N = 100,000 on
 // the reference machine, see planner.cpp). So plan() returns within about
 // budget_seconds (0.1 s more at most on the benchmark's instances, idle or

@@ -62,6 +62,9 @@
 namespace {
 
 namespace pl = renaissance::planner;
+// Options::clock_seconds for the checks of plan quality or determinism: the
+// work count alone stops the search, however loaded the machine.
+constexpr double kNoClock = std::numeric_limits<double>::infinity();
 using pl::Buffer;
 using pl::FixedBuffer;
 using pl::Problem;
@@ -246,6 +249,7 @@ void test_random_plans(int iterations) {
     CHECK(greedy.greedy_size == greedy.size, "greedy_size of the baseline");
     pl::Options o;
     o.budget_seconds = it % 2 == 0 ? 0.0 : 0.01;
+    o.clock_seconds = kNoClock;  // quality and determinism are asserted
     o.seed = static_cast<std::uint64_t>(it);
     const pl::Result r = pl::plan(p, o);
     check_plan(p, r, align, "plan");
@@ -457,6 +461,7 @@ void test_search_exact(int iterations) {
     // plan() with a budget reaches the optimum on such tiny instances.
     pl::Options o;
     o.budget_seconds = 0.05;
+    o.clock_seconds = kNoClock;  // quality and determinism are asserted
     const pl::Result r = pl::plan(p, o);
     CHECK(r.size == best, "plan %llu vs optimum %llu (iteration %d)",
           static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(best), it);
@@ -524,6 +529,7 @@ void test_obstacle_plans(int iterations) {
     CHECK(greedy.size >= bound, "greedy below the bound (iteration %d)", it);
     pl::Options o;
     o.budget_seconds = it % 2 == 0 ? 0.0 : 0.02;
+    o.clock_seconds = kNoClock;  // quality and determinism are asserted
     o.seed = static_cast<std::uint64_t>(it);
     const pl::Result r = pl::plan(p, o);
     check_plan(p, r, align, "plan (obstacles)");
@@ -624,6 +630,7 @@ void test_obstacle_exact(int iterations) {
     }
     pl::Options o;
     o.budget_seconds = 0.05;
+    o.clock_seconds = kNoClock;  // quality and determinism are asserted
     const pl::Result r = pl::plan(p, o);
     check_plan(p, r, 0, "plan (tiny, obstacles)");
     CHECK(r.size == best, "plan %llu vs optimum %llu with obstacles (iteration %d)",
