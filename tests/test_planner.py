@@ -358,3 +358,29 @@ def test_step_with_obstacles_keeps_the_wall_clock_budget(C):
         assert r["seconds"] <= budget + 0.1, (budget, r["seconds"], r["stopped_by"])
         assert C.validate(sizes, lowers, uppers, r["offsets"], 0, fixed) == ""
         assert r["lower_bound"] <= r["size"]
+
+
+@pytest.mark.parametrize("n, seed", [(1000, 0), (3000, 1), (10000, 2)])
+def test_synthetic_steps_are_seeded_training_steps(n, seed):
+    # The generator the benchmark measures the planner on: same seed, same
+    # instance; different seeds differ; the count is near the target;
+    # lifetimes are well formed and sizes multiples of 512; and it has the
+    # shape of a training step: the LOAD peak is near the forward/backward
+    # turn (most activations live), not at the start or the end.
+    from torch_renaissance.synthetic import training_step
+
+    a, b = training_step(n, seed), training_step(n, seed)
+    assert a == b and a != training_step(n, seed + 1)
+    assert 0.85 * n <= len(a) <= 1.8 * n
+    assert all(s % 512 == 0 and s > 0 and 0 <= lo < up for s, lo, up in a)
+    horizon = max(up for _, _, up in a)
+    live = [0] * (horizon + 1)
+    for s, lo, up in a:
+        live[lo] += s
+        live[up] -= s
+    for t in range(1, len(live)):
+        live[t] += live[t - 1]
+    peak_at = live.index(max(live))
+    assert 0.1 * horizon < peak_at < 0.9 * horizon
+    with pytest.raises(ValueError, match="buffers"):
+        training_step(10)

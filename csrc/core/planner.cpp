@@ -64,13 +64,14 @@ constexpr double kSweepUnitsPerItem = 8;
 // The wall clock: the search stops at budget_seconds less an allowance for
 // what follows it (the final check, the last sweep): kTailSecondsPerItem *
 // N * log2(N + 2) (about 0.05 s for N = 100,000 on the reference machine,
-// doubled), or kTailPerBuild times the time the instance took to build,
-// whichever is larger; with budget 0 (or an explicit clock_seconds), never
+// four times that), or kTailPerBuild times the time the instance took to
+// build (the check's std::set is heavier than the build; on a loaded
+// machine both slow down alike), whichever is larger; with budget 0 (or an explicit clock_seconds), never
 // before kFloorClockFactor times the time the work floor stands for (so
 // budget 0 still gets its constructive passes).
-constexpr double kTailSecondsPerItem = 6e-8;
+constexpr double kTailSecondsPerItem = 1.2e-7;
 constexpr double kTailSecondsMin = 0.004;
-constexpr double kTailPerBuild = 2.0;
+constexpr double kTailPerBuild = 4.0;
 constexpr double kSweepsPerBuild = 2.0;
 constexpr double kFloorClockFactor = 2.0;
 // Instances up to this many buffers get the branch and bound search.
