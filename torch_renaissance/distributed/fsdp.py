@@ -85,6 +85,10 @@ __all__ = ["FSDPPlan", "plan_fsdp"]
 
 _PLAN_ATTR = "_torch_renaissance_fsdp_plan"
 
+#: Default slot alignment on the CPU, in bytes: the block alignment of
+#: torch_renaissance's CPU allocator (``docs/design.md``, invariants).
+CPU_ALIGNMENT = 64
+
 
 def _fsdp_internals():
     try:
@@ -727,7 +731,7 @@ def plan_fsdp(
     group: dist.ProcessGroup | None = None,
     comm_buffers: bool = True,
     grads: bool = False,
-    alignment: int = DEFAULT_ALIGNMENT,
+    alignment: int | None = None,
 ) -> FSDPPlan:
     """Plan and place an FSDP2 model's memory, identically on every rank.
 
@@ -762,7 +766,10 @@ def plan_fsdp(
             into it. The region is held for the whole run: one sharded model
             of bytes more than plain FSDP2 between steps when gradients are
             set to ``None``.
-        alignment: slot alignment in bytes (default 256).
+        alignment: slot alignment in bytes; default: 64 on the CPU (the
+            alignment torch_renaissance's CPU allocator gives every block), 256
+            on other devices (PyTorch's CUDA caching allocator rounds blocks to
+            512 B), so the plan is never larger than FSDP2's own allocations.
 
     Returns:
         An :class:`FSDPPlan` (``region_view``, ``slot_view``, ``digest``, ``stats``,
@@ -800,6 +807,8 @@ def plan_fsdp(
                     type(pg._reduce_scatter_comm) is not DefaultReduceScatter
                 ):
                     comm_buffers = False  # same decision on every rank (same program)
+    if alignment is None:
+        alignment = CPU_ALIGNMENT if entries[0].fsdp_param.device.type == "cpu" else DEFAULT_ALIGNMENT
     fsdp_plan = FSDPPlan(model, entries, groups, optimizer, group, comm_buffers, grads, alignment)
     plan, comm, digest = fsdp_plan._build()
     fsdp_plan._install(plan, comm, digest)
