@@ -2,10 +2,11 @@
 
 Run in pools whose ranks have torch_renaissance's CPU allocator installed, so
 ``memory_allocated`` / ``max_memory_allocated`` count every tensor byte. Each
-task trains the same seeded model twice on the same batches, planned first and
-plain second (whatever the planned run leaves behind can only make the plain
-numbers look smaller), and returns per-rank numbers plus whether losses, final
-parameters and optimizer state are bit-identical.
+task warms the process up with two plain steps, then trains the same seeded
+model twice on the same batches, planned first and plain second (whatever the
+planned run leaves behind can only make the plain numbers look smaller), and
+returns per-rank numbers plus whether losses, final parameters and optimizer
+state are bit-identical.
 
 Also used by ``benchmarks/bench_fsdp_memory.py`` (bigger models, more steps).
 """
@@ -172,6 +173,9 @@ def memory_compare(rank: int, world: int, kind: str, size: str = "test", steps: 
         import transformers
 
         transformers.logging.set_verbosity_error()
+    # Warm-up (2 plain steps, discarded): what a process allocates once, on the
+    # first use of an op or path, must not land in either measured run.
+    _run(rank, world, kind, size, min(steps, 2), False, tp, batch, reshard_after_forward)
     planned = _run(rank, world, kind, size, steps, True, tp, batch, reshard_after_forward)
     plain = _run(rank, world, kind, size, steps, False, tp, batch, reshard_after_forward)
     same = lambda a, b: len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))  # noqa: E731
