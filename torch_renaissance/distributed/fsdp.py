@@ -424,7 +424,16 @@ class FSDPPlan:
 
             >>> torch._foreach_mul_([plan.region_view("grads")], 0.5)
             >>> dist.all_reduce(plan.region_view("grads"))  # DDP-style, one call
+
+        Raises:
+            KeyError: for a region the plan does not have (``"grads"`` needs
+                ``plan_fsdp(..., grads=True)``).
         """
+        if name == GRADS and not self._grads:
+            raise KeyError(
+                "plan has no 'grads' region: gradients stay FSDP2's unless "
+                "plan_fsdp(..., grads=True) is given"
+            )
         return self.storage.region_view(name, dtype)
 
     def slot_view(self, region: str, name: str) -> torch.Tensor:
