@@ -58,6 +58,7 @@ bench: build $(VENV)/.bench-deps
 	$(PY) benchmarks/bench_planner.py
 	$(PY) benchmarks/bench_demo.py
 	$(PY) benchmarks/bench_model_slots.py
+	$(PY) benchmarks/bench_fsdp_memory.py
 
 # Compiles and links the CUDA backend against /usr/local/cuda and checks the
 # torch CUDA glue against torch's headers (no GPU needed).
