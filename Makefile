@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 #   make TORCH_INDEX="--extra-index-url https://download.pytorch.org/whl/cpu" test
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
-DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy matplotlib
+DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy matplotlib transformers
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
@@ -72,6 +72,7 @@ bench: build $(VENV)/.bench-deps
 	$(PY) benchmarks/bench_model_slots.py
 	$(PY) benchmarks/bench_plan_lock.py
 	$(PY) benchmarks/bench_territory.py
+	$(PY) benchmarks/bench_fsdp_memory.py
 
 # Compiles and links the CUDA backend against /usr/local/cuda and checks the
 # torch CUDA glue against torch's headers (no GPU needed).

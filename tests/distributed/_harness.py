@@ -17,7 +17,9 @@ Failure handling, so a test fails instead of hanging:
 * a killed pool is replaced by a fresh one on the next :func:`get_pool`.
 
 ``fn`` must be a module-level function of a file; workers load that file by
-path (no dependence on how pytest named the test module).
+path (no dependence on how pytest named the test module). A pool made with
+``allocator="cpu"`` installs torch_renaissance's allocator in every rank
+before its first tensor, so tasks can read ``torch_renaissance.memory_allocated``.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def _load(path: str, cache: dict[str, Any]):
     return mod
 
 
-def _worker(rank: int, world: int, port: int, tasks, results) -> None:
+def _worker(rank: int, world: int, port: int, tasks, results, allocator=None) -> None:
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -63,6 +65,10 @@ def _worker(rank: int, world: int, port: int, tasks, results) -> None:
 
     torch.set_num_threads(1)
     try:
+        if allocator is not None:
+            import torch_renaissance
+
+            torch_renaissance.install(allocator)
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
                               timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
@@ -93,7 +99,8 @@ def _worker(rank: int, world: int, port: int, tasks, results) -> None:
 class WorkerPool:
     """``world_size`` gloo ranks that run tasks until closed or killed."""
 
-    def __init__(self, world_size: int, start_timeout: float = 120.0) -> None:
+    def __init__(self, world_size: int, start_timeout: float = 120.0,
+                 allocator: str | None = None) -> None:
         import torch.distributed as dist
 
         self.world_size = world_size
@@ -105,7 +112,8 @@ class WorkerPool:
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._procs = [
-            ctx.Process(target=_worker, args=(r, world_size, self._store.port, self._tasks[r], self._results),
+            ctx.Process(target=_worker, args=(r, world_size, self._store.port, self._tasks[r], self._results,
+                                              allocator),
                         daemon=True, name=f"tr-dist-rank{r}")
             for r in range(world_size)
         ]
@@ -191,14 +199,18 @@ class WorkerPool:
             p.join(timeout=5)
 
 
-_POOLS: dict[int, WorkerPool] = {}
+_POOLS: dict[tuple[int, str | None], WorkerPool] = {}
 
 
-def get_pool(world_size: int) -> WorkerPool:
-    """A running pool of ``world_size`` ranks (started on first use, restarted if killed)."""
-    pool = _POOLS.get(world_size)
+def get_pool(world_size: int, allocator: str | None = None) -> WorkerPool:
+    """A running pool of ``world_size`` ranks (started on first use, restarted if killed).
+
+    ``allocator``: ``"cpu"`` for ranks with torch_renaissance's allocator installed.
+    """
+    key = (world_size, allocator)
+    pool = _POOLS.get(key)
     if pool is None or not pool.alive:
-        pool = _POOLS[world_size] = WorkerPool(world_size)
+        pool = _POOLS[key] = WorkerPool(world_size, allocator=allocator)
     return pool
 
 

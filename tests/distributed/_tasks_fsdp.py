@@ -74,18 +74,18 @@ def _loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
-def _train(world: int, rank: int, steps: int, planned: bool):
+def _train(world: int, rank: int, steps: int, planned: bool, grads: bool = False):
     from torch_renaissance.distributed import plan_fsdp
 
     model = _sharded_transformer(world)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     params_before = [id(p) for p in model.parameters()]
-    plan = plan_fsdp(model, opt) if planned else None
+    plan = plan_fsdp(model, opt, grads=grads) if planned else None
     losses, grads_check = [], None
     for step in range(steps):
         loss = _loss(model, _batch(rank, step))
         loss.backward()
-        if plan is not None and step == steps - 1:
+        if grads and plan is not None and step == steps - 1:
             grads_check = _check_grads_region(model, plan)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -130,11 +130,11 @@ def _check_grads_region(model: nn.Module, plan) -> dict:
     }
 
 
-def train_compare(rank: int, world: int, steps: int = 10) -> dict:
+def train_compare(rank: int, world: int, steps: int = 10, grads: bool = False) -> dict:
     """Plain FSDP2 vs FSDP2 + plan_fsdp: losses, parameters, placement, grads region."""
     _, _, _, base_losses, base_locals, base_full, _, _ = _train(world, rank, steps, False)
     model, opt, plan, losses, locals_, full, same_objects, grads_check = _train(
-        world, rank, steps, True
+        world, rank, steps, True, grads
     )
     storage = plan.storage
     placement = {}
@@ -162,6 +162,8 @@ def train_compare(rank: int, world: int, steps: int = 10) -> dict:
         "grads_check": grads_check,
         "stats": dict(plan.stats),
         "regions": [r.name for r in plan.plan.regions],
+        "comm_regions": [r.name for r in plan.comm_plan.regions],
+        "comm_held_after": plan.comm_held_nbytes(),
         "pending": plan.optimizer_state_pending,
     }
 
@@ -219,14 +221,16 @@ def all_gather_accounting(rank: int, world: int) -> dict:
 
     _, _, plain_seen = run(False)
     model, plan, shim_seen = run(True)
-    ag_slot = plan.plan.slot("all_gather", "<root>")
-    ag_start, _ = plan.plan.slot_range("all_gather", "<root>")
+    ag_slot = plan.comm_plan.slot("all_gather", "<root>")
     return {
         "planned_spec": planned_only,
         "planned_fsdp": plan.all_gather_nbytes(),
         "plain_outputs": [n for n, _ in plain_seen],
         "shim_outputs": [n for n, _ in shim_seen],
-        "shim_in_slot": all(ptr - plan.storage.data_ptr() == ag_start for _, ptr in shim_seen),
+        # Served by the slots (outside the held plan buffer), never a fallback.
+        "shim_in_slot": plan.stats["all_gather_planned"] == len(shim_seen)
+        and not any(plan.storage.buffer.data_ptr() <= ptr < plan.storage.buffer.data_ptr()
+                    + plan.plan.nbytes for _, ptr in shim_seen),
         "ag_slot": (ag_slot.shape, str(ag_slot.dtype)),
         "stats": dict(plan.stats),
         "param_slots": [s.nbytes for s in plan.plan.region(PARAMS).slots],
@@ -301,7 +305,7 @@ def ddp_style_region_ops(rank: int, world: int) -> dict:
     from torch_renaissance.distributed import plan_fsdp
 
     model = _sharded_transformer(world)
-    plan = plan_fsdp(model, comm_buffers=False)
+    plan = plan_fsdp(model, comm_buffers=False, grads=True)
     _loss(model, _batch(rank, 0)).backward()
     region = plan.region_view("grads")
     # Independent reference: every rank's grads region, gathered and summed.
@@ -414,7 +418,7 @@ def mixed_precision_accumulation(rank: int, world: int, steps: int = 4) -> dict:
     return {
         "losses_equal": l0 == l1,
         "params_equal": all(torch.equal(p0[n], p1[n]) for n in p0),
-        "ag_dtype": str(plan.plan.slot("all_gather", "blocks.0").dtype),
-        "rs_dtype": str(plan.plan.slot("reduce_scatter", "blocks.0").dtype),
+        "ag_dtype": str(plan.comm_plan.slot("all_gather", "blocks.0").dtype),
+        "rs_dtype": str(plan.comm_plan.slot("reduce_scatter", "blocks.0").dtype),
         "stats": dict(plan.stats),
     }

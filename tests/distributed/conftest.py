@@ -20,10 +20,10 @@ def _pools():
     close_pools()
 
 
-def _world(pools, n: int):
+def _world(pools, n: int, allocator=None):
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available")
-    return pools(n)
+    return pools(n, allocator)
 
 
 @pytest.fixture
@@ -36,3 +36,15 @@ def world2(_pools):
 def world4(_pools):
     """A pool of 4 gloo ranks: ``world4.run(fn, *args)`` -> results by rank."""
     return _world(_pools, 4)
+
+
+@pytest.fixture
+def world2_arena(_pools):
+    """2 gloo ranks with torch_renaissance's CPU allocator installed (memory stats)."""
+    return _world(_pools, 2, "cpu")
+
+
+@pytest.fixture
+def world4_arena(_pools):
+    """4 gloo ranks with torch_renaissance's CPU allocator installed (memory stats)."""
+    return _world(_pools, 4, "cpu")

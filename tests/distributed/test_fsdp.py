@@ -22,9 +22,11 @@ def test_transformer_training_unchanged_and_layout_identical(request, world):
         assert len(r["losses"]) == 10
         assert r["params_equal"] and r["full_equal"], f"rank {rank}"
         assert r["same_objects"], "nn.Parameter objects changed"
-        assert r["regions"] == [
-            "params", "grads", "all_gather", "reduce_scatter", "optim.exp_avg", "optim.exp_avg_sq",
-        ]
+        # Held for the run: parameters and optimizer state only; the gradients
+        # stay FSDP2's and the communication buffers are slots held while used.
+        assert r["regions"] == ["params", "optim.exp_avg", "optim.exp_avg_sq"]
+        assert r["comm_regions"] == ["all_gather", "reduce_scatter"]
+        assert r["comm_held_after"] == 0
         assert not r["pending"] and r["stats"]["extensions"] == 1  # state placed after step 1
         # Each parameter (flat padded shard and unpadded local view), and its Adam
         # state, lies exactly at its slot.
@@ -46,8 +48,10 @@ def test_transformer_training_unchanged_and_layout_identical(request, world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_grads_region_covers_exactly_the_gradients(request, world):
-    results = _pool(request, world).run(tasks.train_compare, 2)
+    results = _pool(request, world).run(tasks.train_compare, 2, True)
     for rank, r in enumerate(results):
+        assert r["losses"] == r["base_losses"] and r["params_equal"], f"rank {rank}"
+        assert r["regions"] == ["params", "grads", "optim.exp_avg", "optim.exp_avg_sq"]
         g = r["grads_check"]
         # Byte-exact: the region is every gradient at its slot, zero elsewhere.
         assert g["equal"] and g["inside"], f"rank {rank}"

@@ -102,9 +102,11 @@ def test_slot_is_fsdp2_padding(shape, world):
 def test_unplannable_placements_raise_value_error_naming_the_tensor():
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    with pytest.raises(ValueError, match=r"layers\.0\.w: .*_StridedShard.*not supported yet"):
+    # A _StridedShard whose split factor is not the tensor-parallel sharding right of it.
+    with pytest.raises(ValueError, match=r"layers\.0\.w: _S\(0, 2\) on mesh dim 1 has split "
+                       r"factor 2, but .* have 1 ranks"):
         ShardedTensorSpec("layers.0.w", (8, 4), torch.float32, (2, 2),
-                          (Shard(0), _StridedShard(0, split_factor=2)))
+                          (Shard(0), _StridedShard(0, split_factor=2))).slot_shape
     with pytest.raises(ValueError, match=r"bias: Shard\(1\) .* out of range for a 1-D tensor"):
         slot_shape((5,), (2,), (Shard(1),), name="bias")
     with pytest.raises(ValueError, match=r"w: 1 placements for a 2-D mesh"):
@@ -143,3 +145,28 @@ def test_2d_mesh_against_dtensor(world4):
     """(Shard(0), Shard(0)), (Replicate(), Shard(0)), ... on a real 2 x 2 gloo mesh."""
     problems = world4.run(tasks.compare_with_dtensor)
     assert problems == [[], [], [], []]
+
+
+@pytest.mark.parametrize("dp,tp", [(2, 2), (2, 3), (4, 2), (3, 2)])
+def test_fsdp_over_tensor_parallel_is_a_chunk_of_the_tp_chunk(dp, tp):
+    """(_StridedShard(0, tp), Shard(0)) on (dp, tp): FSDP's torch.chunk of the TP shard."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    placements = (_StridedShard(0, split_factor=tp), Shard(0))
+    for rows in (1, 5, 7, 12, 13, 31, 64):
+        full = torch.arange(rows * 3).view(rows, 3)
+        largest = (0, 3)
+        for d, t in itertools.product(range(dp), range(tp)):
+            tp_chunks = torch.chunk(full, tp, dim=0)
+            tp_local = tp_chunks[t] if t < len(tp_chunks) else full[:0]
+            dp_chunks = torch.chunk(tp_local, dp, dim=0)
+            local = dp_chunks[d] if d < len(dp_chunks) else tp_local[:0]
+            shape, offset = local_shape_and_offset((rows, 3), (dp, tp), placements, (d, t))
+            assert shape == tuple(local.shape), (rows, d, t)
+            if local.numel():  # one contiguous block of the global tensor
+                assert offset == (int(local[0, 0]) // 3, 0), (rows, d, t)
+                assert torch.equal(full[offset[0]:offset[0] + shape[0]], local)
+            largest = max(largest, shape)
+        assert slot_shape((rows, 3), (dp, tp), placements) == largest
+    # RowwiseParallel weight under FSDP: (Shard(0), Shard(1)); dims split independently.
+    assert slot_shape((7, 10), (dp, tp), (Shard(0), Shard(1))) == (-(-7 // dp), -(-10 // tp))

@@ -6,7 +6,8 @@ Layers (each module uses only those above it):
   (DTensor's ``torch.chunk`` rules), slot shape (FSDP2's padding);
 * :mod:`.sharded_plan` -- :class:`ShardedTensorSpec` list -> one
   :class:`~torch_renaissance.memory_plan.MemoryPlan` (``params``, ``grads``,
-  ``all_gather``, ``reduce_scatter``, ``optim.<state>`` regions);
+  ``all_gather``, ``reduce_scatter``, ``optim.<state>`` regions), and the
+  per-group communication buffers (:func:`plan_comm`);
 * :mod:`.agreement` -- one collective to check every rank holds the same plan;
 * :mod:`.fsdp` -- :func:`plan_fsdp`: place an FSDP2 model's tensors in the plan.
 
@@ -33,6 +34,7 @@ from .sharded_plan import (
     REDUCE_SCATTER,
     ShardedTensorSpec,
     optim_region,
+    plan_comm,
     plan_dtensors,
     plan_sharded,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "local_shape_and_offset",
     "normalize_placements",
     "optim_region",
+    "plan_comm",
     "plan_dtensors",
     "plan_fsdp",
     "plan_sharded",

@@ -9,6 +9,12 @@ Follows DTensor's own rules (``torch/distributed/tensor/_utils.py``,
 * placements are applied left to right over the mesh dims (a 2-D mesh
   ``(Shard(0), Shard(0))`` first splits over mesh dim 0, then splits each piece
   over mesh dim 1);
+* ``_StridedShard(d, split_factor=k)`` on mesh dim ``i`` (what FSDP2 writes on
+  its data-parallel dim when tensor parallel already sharded dim ``d``,
+  ``_fsdp_param.py``, ``_init_sharding_spec_tp``) splits *after* the mesh dims
+  right of ``i`` that shard ``d`` (their sizes multiply to ``k``): the local
+  shard is FSDP's ``torch.chunk`` of the tensor-parallel shard, one contiguous
+  block of the global tensor;
 * ``Replicate()`` and ``Partial()`` leave the local shape equal to the global one;
 * an empty shard's global offset on the sharded dim is the global size of that
   dim (DTensor's convention).
@@ -103,8 +109,9 @@ def normalize_placements(
 
     Raises:
         ValueError: naming ``name`` and the reason, for a wrong number of
-            placements, a shard dim out of range, ``_StridedShard`` (not
-            supported yet) or an unknown placement type.
+            placements, a shard dim out of range, a ``_StridedShard`` whose
+            split factor is not the product of the mesh sizes right of it that
+            shard the same dim, or an unknown placement type.
     """
     placements = tuple(placements)
     if len(placements) != mesh_ndim:
@@ -115,11 +122,13 @@ def normalize_placements(
     out: list[Placement] = []
     for i, p in enumerate(placements):
         if _StridedShard and isinstance(p, _StridedShard):
-            raise ValueError(
-                f"{name}: placement {p} on mesh dim {i} is a _StridedShard (right-to-left "
-                "sharding, as FSDP2 + tensor parallel produces); not supported yet"
-            )
-        if isinstance(p, Shard):
+            d = p.dim
+            if not -ndim <= d < ndim:
+                raise ValueError(
+                    f"{name}: {p} on mesh dim {i} is out of range for a {ndim}-D tensor"
+                )
+            out.append(_StridedShard(d + ndim, split_factor=p.split_factor) if d < 0 else p)
+        elif isinstance(p, Shard):
             d = p.dim
             if not -ndim <= d < ndim:
                 raise ValueError(
@@ -135,6 +144,33 @@ def normalize_placements(
                 "(supported: Shard(d), Replicate(), Partial())"
             )
     return tuple(out)
+
+
+def _is_shard(p: Placement) -> bool:
+    return isinstance(p, Shard) or bool(_StridedShard and isinstance(p, _StridedShard))
+
+
+def _split_order(
+    mesh_shape: Sequence[int], placements: Sequence[Placement], name: str
+) -> list[int]:
+    """Mesh dims in the order their shards are taken (``_StridedShard`` moved right)."""
+    order = list(range(len(placements)))
+    for i, p in enumerate(placements):
+        if not (_StridedShard and isinstance(p, _StridedShard)):
+            continue
+        later = [j for j in range(i + 1, len(placements))
+                 if _is_shard(placements[j]) and placements[j].dim == p.dim]
+        factor = math.prod(mesh_shape[j] for j in later)
+        if factor != p.split_factor:
+            raise ValueError(
+                f"{name}: {p} on mesh dim {i} has split factor {p.split_factor}, but the "
+                f"mesh dims right of it that shard dim {p.dim} have {factor} ranks; "
+                "only FSDP2's composition (data parallel over tensor parallel) can be planned"
+            )
+        if later:
+            order.remove(i)
+            order.insert(order.index(later[-1]) + 1, i)
+    return order
 
 
 def _chunk(size: int, num_chunks: int, index: int) -> tuple[int, int]:
@@ -180,8 +216,9 @@ def local_shape_and_offset(
         raise ValueError(f"{name}: coordinate {coordinate} is not on a mesh of shape {mesh_shape}")
     local = list(global_shape)
     offset = [0] * len(global_shape)
-    for k, c, p in zip(mesh_shape, coordinate, placements):
-        if not isinstance(p, Shard):
+    for i in _split_order(mesh_shape, placements, name):
+        k, c, p = mesh_shape[i], coordinate[i], placements[i]
+        if not _is_shard(p):
             continue
         d = p.dim
         size, start = _chunk(local[d], k, c)
@@ -265,4 +302,4 @@ def all_gather_factor(mesh: MeshLike, placements: Sequence[Placement]) -> int:
     dim 1). An all-gather buffer is this factor times the padded slots.
     """
     mesh_shape = mesh_shape_of(mesh)
-    return math.prod(k for k, p in zip(mesh_shape, placements) if isinstance(p, Shard))
+    return math.prod(k for k, p in zip(mesh_shape, placements) if _is_shard(p))

@@ -57,6 +57,7 @@ __all__ = [
     "REDUCE_SCATTER",
     "ShardedTensorSpec",
     "optim_region",
+    "plan_comm",
     "plan_dtensors",
     "plan_sharded",
 ]
@@ -93,6 +94,10 @@ class ShardedTensorSpec:
             ``all_gather_dtype``.
         states: ``(key, dtype)`` of each optimizer state tensor shaped like the
             parameter (``("exp_avg", torch.float32)``, ...).
+        gather_mesh_dims: mesh dims its all-gather/reduce-scatter runs over;
+            default: every dim with a shard placement. FSDP2 + tensor parallel
+            gathers over the data-parallel dims only (``(0,)`` on a
+            ``(dp, tp)`` mesh) while the slot follows every placement.
 
     Raises:
         ValueError: if the placements cannot be planned (see
@@ -109,6 +114,7 @@ class ShardedTensorSpec:
     all_gather_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     states: tuple[tuple[str, torch.dtype], ...] = ()
+    gather_mesh_dims: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(int(s) for s in self.global_shape)
@@ -122,6 +128,14 @@ class ShardedTensorSpec:
         object.__setattr__(self, "mesh_shape", mesh_shape)
         object.__setattr__(self, "placements", placements)
         object.__setattr__(self, "states", tuple((str(k), d) for k, d in self.states))
+        if self.gather_mesh_dims is not None:
+            dims = tuple(int(d) for d in self.gather_mesh_dims)
+            if any(not 0 <= d < len(mesh_shape) for d in dims) or len(set(dims)) != len(dims):
+                raise ValueError(
+                    f"{self.name}: gather_mesh_dims {dims} are not distinct dims of a "
+                    f"{len(mesh_shape)}-D mesh"
+                )
+            object.__setattr__(self, "gather_mesh_dims", dims)
 
     @classmethod
     def from_dtensor(
@@ -191,6 +205,8 @@ class ShardedTensorSpec:
     @property
     def all_gather_factor(self) -> int:
         """Number of ranks an all-gather of this tensor concatenates."""
+        if self.gather_mesh_dims is not None:
+            return math.prod(self.mesh_shape[d] for d in self.gather_mesh_dims)
         return all_gather_factor(self.mesh_shape, self.placements)
 
     @property
@@ -301,6 +317,26 @@ def plan_sharded(
                 if k == key:
                     region.add_slot(s.name, s.slot_shape, dtype)
     return plan.finalize()
+
+
+def plan_comm(
+    specs: Sequence[ShardedTensorSpec], *, alignment: int = DEFAULT_ALIGNMENT
+) -> MemoryPlan:
+    """The communication buffers of each parameter group (identical on every rank).
+
+    Regions ``all_gather`` and ``reduce_scatter`` with one slot per group, as
+    :func:`plan_sharded` would add them; meant to describe and agree on the
+    buffers, not to be materialized as one buffer
+    (:func:`~torch_renaissance.distributed.plan_fsdp` serves them from slots
+    shared by groups of one size).
+    """
+    plan = plan_sharded(specs, grads=False, alignment=alignment)
+    out = MemoryPlan(alignment=alignment)
+    for region in (ALL_GATHER, REDUCE_SCATTER):
+        if region in plan:
+            for slot in plan.region(region):
+                out.add_slot(region, slot.name, slot.shape, slot.dtype, slot.nbytes)
+    return out.finalize()
 
 
 def plan_dtensors(
