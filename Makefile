@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 #   make TORCH_INDEX="--extra-index-url https://download.pytorch.org/whl/cpu" test
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
-DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy matplotlib transformers
+DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy matplotlib transformers hypothesis
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch_renaissance.allocator import get_arena, resolve_device
+from torch_renaissance.allocator import _ext, get_arena, is_installed, resolve_device
 
 
 def _flatten(prefix: str, value: Any, out: list) -> None:
@@ -33,15 +33,34 @@ def _flatten(prefix: str, value: Any, out: list) -> None:
         out.append((prefix, value))
 
 
+def _not_installed(device: Any) -> bool:
+    """True when ``device`` is a CPU or CUDA device torch_renaissance is not
+    installed for (None: nothing is installed). The stats calls then follow
+    ``torch.cuda``'s convention before initialization (PyTorch #186265): the
+    resets and ``empty_cache`` do nothing and the statistics are zeros."""
+    if device is None:
+        return not (is_installed("cpu") or is_installed("cuda"))
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    return dev.type in ("cpu", "cuda") and not is_installed(dev.type)
+
+
 def memory_stats_as_nested_dict(device: Any = None) -> dict:
     """The statistics as PyTorch's nested dict (plus a ``renaissance`` sub-dict).
 
+    Before :func:`torch_renaissance.install` for ``device``, every number is 0
+    (the keys are the same).
+
     Raises:
-        RuntimeError: torch_renaissance is not installed for ``device``.
+        RuntimeError: ``device`` is neither a CPU nor a CUDA device.
     """
-    dev = resolve_device(device)
-    nested = get_arena(dev).stats()
-    if dev.type == "cuda":
+    if _not_installed(device):
+        C = _ext()
+        nested = C.Arena(C.HostDevice(), planning=False).stats()  # an arena that never allocated
+        dev = None
+    else:
+        dev = resolve_device(device)
+        nested = get_arena(dev).stats()
+    if dev is not None and dev.type == "cuda":
         # {} until CUDA is initialized: the arena's (all zero) numbers stay.
         for key, value in torch.cuda.memory_stats_as_nested_dict(dev.index).items():
             if key in nested:
@@ -74,10 +93,11 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
             installed accelerator's current device, else the CPU).
 
     Returns:
-        OrderedDict mapping statistic names to numbers (bytes for sizes).
+        OrderedDict mapping statistic names to numbers (bytes for sizes); all
+        zeros before :func:`torch_renaissance.install` for ``device``.
 
     Raises:
-        RuntimeError: torch_renaissance is not installed for ``device``.
+        RuntimeError: ``device`` is neither a CPU nor a CUDA device.
     """
     out: list = []
     _flatten("", memory_stats_as_nested_dict(device), out)
@@ -107,7 +127,10 @@ def max_memory_reserved(device: Any = None) -> int:
 
 def _apply(device: Any, on_cuda: Callable[[int], None], on_arena: Callable[[Any], None]) -> None:
     """``on_cuda(index)`` for a CUDA device (through ``torch.cuda``, which reaches
-    every arena of the device), else ``on_arena(arena)``."""
+    every arena of the device), else ``on_arena(arena)``; nothing before
+    install() (``torch.cuda``'s no-op before initialization)."""
+    if _not_installed(device):
+        return
     dev = resolve_device(device)
     if dev.type == "cuda":
         on_cuda(dev.index)
@@ -118,7 +141,7 @@ def _apply(device: Any, on_cuda: Callable[[int], None], on_arena: Callable[[Any]
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Sets every peak to its current value; current values do not change.
 
-    For CUDA, ``torch.cuda.reset_peak_memory_stats`` (every arena of the device).
+    A no-op before install() for ``device``. For CUDA, ``torch.cuda.reset_peak_memory_stats`` (every arena of the device).
     """
     _apply(device, lambda i: torch.cuda.reset_peak_memory_stats(i), lambda a: a.reset_peak_stats())
 
@@ -126,7 +149,7 @@ def reset_peak_memory_stats(device: Any = None) -> None:
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """Clears the ``allocated`` / ``freed`` totals and the ``num_*`` counters.
 
-    For CUDA, ``torch.cuda.reset_accumulated_memory_stats`` (every arena of the device).
+    A no-op before install() for ``device``. For CUDA, ``torch.cuda.reset_accumulated_memory_stats`` (every arena of the device).
     """
     _apply(device, lambda i: torch.cuda.reset_accumulated_memory_stats(i),
            lambda a: a.reset_accumulated_stats())
@@ -135,7 +158,9 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 def empty_cache(device: Any = None) -> None:
     """Returns cached memory that no tensor holds to the device.
 
-    Planned territory is kept (it is what later steps replay into). For CUDA,
+    Every free granule of an expandable segment goes back, interior holes
+    included, as do wholly free fixed segments. Planned territory is kept (it
+    is what later steps replay into). A no-op before install(). For CUDA,
     ``torch.cuda.empty_cache()``: every device, and the graph pools and
     MemPools that nothing uses any more.
     """

@@ -41,6 +41,7 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
     : device_(std::move(device)),
       config_(config),
       unit_(checked(device_).alignment()),
+      max_request_(device_->max_request_bytes()),
       ranges_ok_(device_->supports_address_ranges()),
       group_(std::move(group)),
       events_(*device_),
@@ -56,6 +57,16 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
     throw std::invalid_argument("large_segment must be larger than small_size and the rounding a "
                                 "positive multiple of the alignment");
   }
+  if (config_.large_segment < config_.min_large_alloc || config_.large_segment % unit_ ||
+      config_.small_segment % unit_) {
+    // Requests below min_large_alloc share segments of large_segment bytes:
+    // a smaller segment could not hold them.
+    throw std::invalid_argument(
+        "large_segment (" + std::to_string(config_.large_segment) +
+        " bytes) must be a multiple of the alignment and at least min_large_alloc (" +
+        std::to_string(config_.min_large_alloc) + " bytes), small_segment (" +
+        std::to_string(config_.small_segment) + " bytes) a multiple of the alignment");
+  }
   if (!(config_.plan_budget_seconds >= 0.0) || config_.plan_budget_seconds > 3600.0) {
     throw std::invalid_argument("plan_budget_seconds must be in [0, 3600]");
   }
@@ -67,7 +78,7 @@ Arena::~Arena() {
   for (auto& [base, seg] : segments_) {
     try {
       if (seg->expandable) {
-        if (seg->size) device_->unmap_used_by(seg->base, seg->size, seg->streams);
+        if (seg->mapped_bytes) unmap_granules_locked(seg.get(), 0, seg->mapped.size());
         device_->release_range(seg->base, seg->capacity);
       } else {
         device_->release(seg->base, seg->size);
@@ -121,15 +132,57 @@ void Arena::set_max_reserved_bytes(std::size_t bytes) {
 }
 
 void* Arena::allocate(std::size_t size, StreamId stream) {
+  return allocate(size, stream, OomHooks{});
+}
+
+const char* Arena::impossible(std::size_t size) const {
+  if (size > kMaxRequest) return "the size is beyond what any device can hold";
+  if (max_request_ && size > max_request_) {
+    return "the size is larger than the device could ever serve (for CPU memory: RAM + swap)";
+  }
+  return nullptr;
+}
+
+void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) {
   if (size == 0) return nullptr;
+  if (const char* why = impossible(size)) {
+    Op g(*this);
+    raise_oom_locked(size, why);  // the request, not a growth, is what cannot fit
+  }
+  {
+    Op g(*this);
+    if (void* p = allocate_locked(size, stream)) return p;
+    // A block that only waits on another stream may be the fit: wait for
+    // the pending uses on the host, once, and search again.
+    if (!capturing_ && !pending_.empty()) {
+      synchronize_pending_locked();
+      if (void* p = allocate_locked(size, stream)) return p;
+    }
+  }
+  // Memory held elsewhere (the CUDA glue's unused graph pools), freed
+  // without the arena lock held.
+  if (hooks.free_memory && hooks.free_memory()) {
+    Op g(*this);
+    if (void* p = allocate_locked(size, stream)) return p;
+  }
+  {
+    // PyTorch's order: give the planned territory (for the rest of this
+    // step) and every cached granule back to the device, and retry once.
+    Op g(*this);
+    ++stats_.num_alloc_retries;
+    if (steps_) steps_->release_territory();
+    release_cached_locked();
+    if (void* p = allocate_locked(size, stream)) return p;
+  }
+  if (hooks.last_resort) {
+    if (void* p = hooks.last_resort()) return p;
+  }
   Op g(*this);
-  if (void* p = allocate_locked(size, stream)) return p;
-  raise_oom_locked(size,
-                   size > kMaxRequest ? "the size is beyond what any device can hold" : nullptr);
+  raise_oom_locked(size, nullptr);
 }
 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
-  if (size == 0) return nullptr;
+  if (size == 0 || impossible(size)) return nullptr;
   Op g(*this);
   return allocate_locked(size, stream);
 }
@@ -147,7 +200,14 @@ void* Arena::allocate_cached(std::size_t size, StreamId stream) {
 }
 
 void* Arena::allocate_locked(std::size_t size, StreamId stream) {
-  if (size > kMaxRequest) return nullptr;
+  // Stream work that completed since the last look, noticed now as PyTorch's
+  // process_events does on every allocation, but bounded: at most
+  // kPollQueries event or stream queries per allocation, none without
+  // pending blocks.
+  constexpr std::size_t kPollQueries = 2;
+  if (!capturing_ && !pending_.empty()) {
+    release_blocks_locked(pending_.poll(kPollQueries, stats_.event_queries));
+  }
   const std::size_t rounded = round_up(size, unit_);
   Block* b = nullptr;
   if (steps_) b = steps_->place(size, rounded, stream);
@@ -323,7 +383,10 @@ std::vector<SegmentInfo> Arena::snapshot() const {
     if (seg->size == 0) continue;
     SegmentInfo si;
     si.address = reinterpret_cast<std::uintptr_t>(seg->base);
-    si.total_size = seg->size;
+    // The bytes it reserves. Its blocks tile [address, address + size), which
+    // for an expandable segment with holes is more: free blocks may cover
+    // unmapped granules.
+    si.total_size = seg->mapped_bytes;
     si.plan_top = seg->plan_top;
     si.stream = seg->stream;
     si.is_large = seg->pool == PoolKind::kLarge;
@@ -375,50 +438,78 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
     persistent = true;
   }
   FreeSet* set = &free_set(pool, persistent);
-  bool synced = false, retried = false;
   for (;;) {
-    if (Block* b = find_free_locked(*set, stream, rounded)) {
-      b = take_locked(b, rounded);
-      mark_allocated_locked(b, requested, stream);
-      return b;
-    }
-    if (!pending_.empty() && reclaim_pending_locked(stream)) continue;
-    if (grow_locked(pool, stream, rounded, persistent)) continue;
-    if (persistent) {  // no room for a packed segment: serve it as usual
+    Block* b = find_free_locked(*set, stream, rounded);
+    if (!b && !pending_.empty() && reclaim_pending_locked(stream)) continue;
+    if (!b) b = grow_locked(pool, stream, rounded, persistent);
+    if (!b && persistent) {  // no room for a packed segment: serve it as usual
       persistent = false;
       set = &free_set(pool, false);
       continue;
     }
-    if (!synced && !pending_.empty()) {
-      // A block that only waits on another stream may be the fit: wait for
-      // the pending uses on the host, then search again before anything else.
-      synced = true;
-      synchronize_pending_locked();
-      continue;
-    }
-    if (!retried) {
-      // Then PyTorch's order: return cached segments (and the planned
-      // territory for the rest of this step) to the device and retry once.
-      retried = true;
-      ++stats_.num_alloc_retries;
-      if (steps_) steps_->release_territory();
-      release_cached_locked();
-      continue;
-    }
-    return nullptr;
+    if (!b) return nullptr;  // the caller's out-of-memory ladder takes over
+    b = take_locked(b, rounded);
+    mark_allocated_locked(b, requested, stream);
+    return b;
   }
 }
 
 Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded) {
+  // Candidates whose unmapped granules the limit refuses are passed over; a
+  // few are looked at, then the ladder's release makes the best fit mappable.
+  constexpr int kProbes = 4;
   Block key;
   key.stream = stream;
   key.size = rounded;
   key.ptr = nullptr;
-  auto it = set.lower_bound(&key);
-  if (it == set.end() || (*it)->stream != stream) return nullptr;
-  Block* b = *it;
-  unindex_free_locked(b);
-  return b;
+  for (bool recycled = false;;) {
+    int probes = 0;
+    bool again = false;
+    for (auto it = set.lower_bound(&key); it != set.end() && (*it)->stream == stream &&
+                                          probes < kProbes;
+         ++it, ++probes) {
+      Block* b = *it;
+      Segment* seg = b->segment;
+      if (seg->mapped_bytes < seg->size) {
+        const auto off = static_cast<std::size_t>(b->ptr - seg->base);
+        const std::size_t need = unmapped_bytes_locked(seg, off, off + rounded);
+        if (need && !recycled && recycle_first_locked(seg->pool, need)) {
+          // Map the holes in place of the segment's other free granules, not
+          // on top of them (see grow_expandable_locked); the release re-tiles
+          // free blocks, so search again.
+          release_free_granules_locked(seg, off, off + rounded);
+          recycled = again = true;
+          break;
+        }
+        if (!map_range_locked(seg, off, off + rounded)) continue;
+      }
+      unindex_free_locked(b);
+      return b;
+    }
+    if (!again) return nullptr;
+  }
+}
+
+bool Arena::map_territory_locked(Segment* seg, std::size_t top) {
+  // Holes a release unmapped below the line: territory is always mapped.
+  // Like any mapping, in place of the free granules above it when the
+  // peak would rise.
+  const std::size_t need = unmapped_bytes_locked(seg, 0, top);
+  if (need == 0) return true;
+  if (recycle_first_locked(seg->pool, need)) release_free_granules_locked(seg, 0, top);
+  return map_range_locked(seg, 0, top);
+}
+
+bool Arena::recycle_first_locked(PoolKind pool, std::size_t bytes) const {
+  // Only under a limit (max_reserved_bytes; on CUDA also the memory
+  // fraction): without one, growth keeps PyTorch's behaviour (cached
+  // granules stay mapped until empty_cache or the out-of-memory ladder).
+  if (!config_.max_reserved_bytes) return false;
+  const auto p = static_cast<int>(pool);
+  const std::int64_t cached = stats_.reserved_bytes[p].current - stats_.active_bytes[p].current;
+  return !capturing_ && cached >= static_cast<std::int64_t>(device_->range_granularity()) &&
+         stats_.reserved_bytes[0].current + static_cast<std::int64_t>(bytes) >
+             stats_.reserved_bytes[0].peak;
 }
 
 Block* Arena::take_locked(Block* b, std::size_t rounded) {
@@ -458,12 +549,28 @@ void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stre
   live_.emplace(b->ptr, b);
 }
 
-bool Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent) {
-  if (use_ranges() && grow_expandable_locked(pool, stream, rounded, persistent)) {
-    return true;
+Block* Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent) {
+  if (use_ranges()) {
+    if (Block* b = grow_expandable_locked(pool, stream, rounded, persistent)) return b;
   }
-  if (persistent) return false;  // only its own expandable segment serves it
-  return new_segment_locked(pool, stream, rounded) != nullptr;
+  if (persistent) return nullptr;  // only its own expandable segment serves it
+  if (!capturing_ && config_.max_reserved_bytes &&
+      stats_.reserved_bytes[0].current + static_cast<std::int64_t>(rounded) >
+          stats_.reserved_bytes[0].peak) {
+    // As for expandable segments: a new peak is not stacked on wholly free
+    // segments of the pool; they go back first.
+    std::vector<Segment*> idle;
+    for (auto& [base, seg] : segments_) {
+      if (!seg->expandable && seg->pool == pool && seg->wholly_free() && seg.get() != territory_) {
+        idle.push_back(seg.get());
+      }
+    }
+    for (Segment* seg : idle) release_segment_locked(seg);
+  }
+  Segment* seg = new_segment_locked(pool, stream, rounded);
+  if (!seg) return nullptr;
+  unindex_free_locked(seg->head);
+  return seg->head;
 }
 
 FreeSet& Arena::free_set(PoolKind pool, bool persistent) {
@@ -526,6 +633,8 @@ bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
   if (over_limit_locked(bytes)) return false;
   if (!device_->map(seg->base + seg->size, bytes)) return false;
   ++stats_.num_device_alloc;
+  seg->mapped.resize((seg->size + bytes) / device_->range_granularity(), true);
+  seg->mapped_bytes += bytes;
   if (seg->size == 0) stats_.add(stats_.segment, seg->pool, 1);
   stats_.add(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
   Block* last = seg->tail;
@@ -555,16 +664,118 @@ bool Arena::map_tail_locked(Segment* seg, std::size_t bytes) {
   return true;
 }
 
-bool Arena::grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded,
-                                   bool persistent) {
+Block* Arena::grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded,
+                                     bool persistent) {
   Segment* seg = expandable_segment_locked(stream, pool, persistent);
-  if (!seg) return false;
-  const Block* last = seg->tail;
-  const std::size_t have =
-      (last && last->state == BlockState::kFree && !seg->in_territory(last)) ? last->size : 0;
+  if (!seg) return nullptr;
   const std::size_t gran = device_->range_granularity();
-  if (rounded - have > seg->capacity) return false;
-  return map_tail_locked(seg, round_up(rounded - have, gran));
+  bool reuse = false;
+  std::size_t have = 0, start = 0, more = 0, holes = 0;
+  auto measure = [&] {
+    const Block* last = seg->tail;
+    reuse = last && last->state == BlockState::kFree && !seg->in_territory(last);
+    have = reuse ? last->size : 0;
+    start = reuse ? static_cast<std::size_t>(last->ptr - seg->base) : seg->size;
+    more = have >= rounded ? 0 : round_up(rounded - have, gran);
+    // The free tail may have unmapped granules too: the limit sees both.
+    holes = reuse ? unmapped_bytes_locked(seg, start, seg->size) : 0;
+  };
+  measure();
+  if (have >= rounded) return nullptr;  // it was passed over: its granules do not fit the limit
+  // A growth that would raise the reserved peak while the segment caches
+  // free granules: give those back first, so that the new granules take
+  // their place instead of adding to them (a step recorded before its plan
+  // exists then peaks near its live bytes, not near live + cached). Only a
+  // new peak pays the unmapping, so a steady run does not churn.
+  if (recycle_first_locked(seg->pool, more + holes)) {
+    release_free_granules_locked(seg);
+    measure();
+  }
+  if (more > seg->capacity - seg->size) return nullptr;
+  if (over_limit_locked(more + holes)) return nullptr;
+  if (!map_tail_locked(seg, more)) return nullptr;
+  if (!map_range_locked(seg, start, start + rounded)) return nullptr;
+  Block* b = seg->tail;  // starts at `start`: the old free tail, extended, or a new block
+  unindex_free_locked(b);
+  return b;
+}
+
+std::size_t Arena::unmapped_bytes_locked(const Segment* seg, std::size_t begin,
+                                         std::size_t end) const {
+  if (!seg->expandable || seg->mapped_bytes == seg->size || begin >= end) return 0;
+  const std::size_t gran = device_->range_granularity();
+  std::size_t n = 0;
+  for (std::size_t i = begin / gran, last = (end - 1) / gran; i <= last; ++i) n += !seg->mapped[i];
+  return n * gran;
+}
+
+bool Arena::map_range_locked(Segment* seg, std::size_t begin, std::size_t end) {
+  const std::size_t need = unmapped_bytes_locked(seg, begin, end);
+  if (need == 0) return true;
+  if (over_limit_locked(need)) return false;
+  const std::size_t gran = device_->range_granularity();
+  const std::size_t first = begin / gran, last = (end - 1) / gran + 1;
+  std::vector<std::pair<std::size_t, std::size_t>> done;  // granule runs mapped here
+  auto undo = [&] {
+    for (auto& [i, j] : done) {
+      try {
+        device_->unmap_used_by(seg->base + i * gran, (j - i) * gran, {});  // never used
+      } catch (...) {
+        // Leaves those granules mapped on the device: memory leaked, books right.
+      }
+    }
+  };
+  for (std::size_t i = first; i < last;) {
+    if (seg->mapped[i]) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < last && !seg->mapped[j]) ++j;
+    bool ok = false;
+    try {
+      ok = device_->map(seg->base + i * gran, (j - i) * gran);
+    } catch (...) {
+      undo();
+      throw;
+    }
+    if (!ok) {
+      undo();
+      return false;
+    }
+    done.emplace_back(i, j);
+    i = j;
+  }
+  for (auto& [i, j] : done) {
+    for (std::size_t k = i; k < j; ++k) seg->mapped[k] = true;
+    ++stats_.num_device_alloc;
+  }
+  seg->mapped_bytes += need;
+  stats_.add(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(need));
+  return true;
+}
+
+std::size_t Arena::unmap_granules_locked(Segment* seg, std::size_t first, std::size_t last) {
+  const std::size_t gran = device_->range_granularity();
+  std::size_t released = 0;
+  for (std::size_t i = first; i < last;) {
+    if (!seg->mapped[i]) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < last && seg->mapped[j]) ++j;
+    // Only the streams whose blocks lay in the segment can still use it.
+    device_->unmap_used_by(seg->base + i * gran, (j - i) * gran, seg->streams);  // may throw: the books still agree
+    for (std::size_t k = i; k < j; ++k) seg->mapped[k] = false;
+    const std::size_t bytes = (j - i) * gran;
+    seg->mapped_bytes -= bytes;
+    released += bytes;
+    ++stats_.num_device_free;
+    stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
+    i = j;
+  }
+  return released;
 }
 
 Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
@@ -576,6 +787,7 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   } else {
     bytes = round_up(rounded, config_.round_large);
   }
+  bytes = std::max(bytes, rounded);  // a segment always holds the request
   if (over_limit_locked(bytes) && pool == PoolKind::kLarge) bytes = rounded;  // last resort: exact
   if (over_limit_locked(bytes)) return nullptr;
   void* p = device_->reserve(bytes);
@@ -583,7 +795,7 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   ++stats_.num_device_alloc;
   auto seg = std::make_unique<Segment>();
   seg->base = static_cast<char*>(p);
-  seg->size = seg->capacity = bytes;
+  seg->size = seg->capacity = seg->mapped_bytes = bytes;
   seg->pool = pool;
   seg->stream = stream;
   Block* b = new_block();
@@ -600,20 +812,37 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   return raw;
 }
 
-void Arena::trim_tail_locked(Segment* seg) {
-  Block* last = seg->tail;
-  if (!last || last->state != BlockState::kFree || seg->in_territory(last)) return;
+std::size_t Arena::release_free_granules_locked(Segment* seg, std::size_t keep_lo,
+                                               std::size_t keep_hi) {
   const std::size_t gran = device_->range_granularity();
-  const std::size_t start = round_up(static_cast<std::size_t>(last->ptr - seg->base), gran);
-  if (start >= seg->size) return;
-  const std::size_t bytes = seg->size - start;
-  device_->unmap_used_by(seg->base + start, bytes, seg->streams);  // may throw: nothing has changed yet
+  const std::size_t keep_first = keep_lo / gran, keep_last = round_up(keep_hi, gran) / gran;
+  std::size_t released = 0;
+  // Every granule wholly inside a free block of the dynamic pool, interior
+  // holes included (PyTorch's release_blocks -> unmapBlock). The granules a
+  // live block shares stay mapped; planned territory stays mapped.
+  for (Block* b = seg->head; b && seg->mapped_bytes; b = b->next) {
+    if (b->state != BlockState::kFree || seg->in_territory(b)) continue;
+    const auto off = static_cast<std::size_t>(b->ptr - seg->base);
+    const std::size_t first = round_up(off, gran) / gran, last = (off + b->size) / gran;
+    if (keep_first < keep_last && first < keep_last && keep_first < last) {  // around the kept range
+      if (first < keep_first) released += unmap_granules_locked(seg, first, keep_first);
+      if (keep_last < last) released += unmap_granules_locked(seg, keep_last, last);
+    } else if (first < last) {
+      released += unmap_granules_locked(seg, first, last);
+    }
+  }
+  // Then the end of the segment comes down to the last granule in use.
+  Block* last = seg->tail;
+  if (!last || last->state != BlockState::kFree || seg->in_territory(last)) return released;
+  const std::size_t start = std::max(round_up(static_cast<std::size_t>(last->ptr - seg->base), gran),
+                                     keep_last * gran);
+  if (start >= seg->size) return released;
+  const std::size_t cut = seg->size - start;  // all unmapped now
   unindex_free_locked(last);
-  ++stats_.num_device_free;
-  stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(bytes));
   seg->size = start;
+  seg->mapped.resize(start / gran);
   if (seg->size == 0) stats_.sub(stats_.segment, seg->pool, 1);
-  last->size -= bytes;
+  last->size -= cut;
   if (last->size == 0) {
     Block* prev = last->prev;
     Block* relink = prev && prev->state == BlockState::kFree ? prev : nullptr;
@@ -625,6 +854,7 @@ void Arena::trim_tail_locked(Segment* seg) {
   } else {
     index_free_locked(last);
   }
+  return released;
 }
 
 void Arena::release_segment_locked(Segment* seg) {
@@ -634,20 +864,21 @@ void Arena::release_segment_locked(Segment* seg) {
     seg->retire = true;
     return;
   }
-  // The device first: if it fails, the arena is unchanged.
+  // The device first: if it fails, the arena is unchanged (or, for an
+  // expandable segment, has unmapped part of it, with the books saying so).
   if (seg->expandable) {
-    if (seg->size) device_->unmap_used_by(seg->base, seg->size, seg->streams);
+    if (seg->mapped_bytes) unmap_granules_locked(seg, 0, seg->mapped.size());
   } else {
     device_->release(seg->base, seg->size);
+    stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(seg->size));
   }
   if (seg->head) {
     unindex_free_locked(seg->head);
     recycle_block(seg->head);
   }
-  stats_.sub(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(seg->size));
   if (seg->size) {
     stats_.sub(stats_.segment, seg->pool, 1);
-    ++stats_.num_device_free;
+    if (!seg->expandable) ++stats_.num_device_free;  // unmapping counted its runs
   }
   if (is_territory_locked(seg)) territory_.erase(seg->stream);
   char* const base = seg->base;
@@ -665,10 +896,8 @@ std::size_t Arena::release_cached_locked() {
   std::size_t released = 0;
   std::vector<Segment*> wholly_free;
   for (auto& [base, seg] : segments_) {
-    if (seg->expandable) {  // the free tail above any planned territory
-      const std::size_t before = seg->size;
-      trim_tail_locked(seg.get());
-      released += before - seg->size;
+    if (seg->expandable) {  // every free granule outside planned territory
+      released += release_free_granules_locked(seg.get());
       // An empty one gives its address range back too (streams come and go).
       if (seg->size == 0 && !is_territory_locked(seg.get())) wholly_free.push_back(seg.get());
     } else if (seg->wholly_free() && !is_territory_locked(seg.get())) {
@@ -676,7 +905,7 @@ std::size_t Arena::release_cached_locked() {
     }
   }
   for (Segment* seg : wholly_free) {
-    released += seg->size;
+    released += seg->mapped_bytes;
     release_segment_locked(seg);
   }
   return released;
@@ -970,6 +1199,7 @@ Segment* Arena::territory_segment_locked(StreamId stream, std::size_t top) {
           !map_tail_locked(seg, round_up(top - seg->size, device_->range_granularity()))) {
         return nullptr;
       }
+      if (!map_territory_locked(seg, top)) return nullptr;
       return promote_locked(seg, top) ? seg : nullptr;
     }
   }
@@ -1084,8 +1314,23 @@ void Arena::check_invariants() const {
       if (seg->head) fail("an empty segment has blocks");
       continue;
     }
-    reserved += static_cast<std::int64_t>(seg->size);
+    reserved += static_cast<std::int64_t>(seg->mapped_bytes);
     ++segments;
+    if (seg->expandable) {
+      const std::size_t gran = device_->range_granularity();
+      if (seg->size % gran || seg->mapped.size() != seg->size / gran) fail("granule map has the wrong length");
+      const auto n = static_cast<std::size_t>(std::count(seg->mapped.begin(), seg->mapped.end(), true));
+      if (n * gran != seg->mapped_bytes) fail("mapped_bytes disagrees with the granule map");
+      for (const Block* b = seg->head; b; b = b->next) {
+        if (b->state == BlockState::kFree && !seg->in_territory(b)) continue;
+        const auto off = static_cast<std::size_t>(b->ptr - seg->base);
+        for (std::size_t i = off / gran; i <= (off + b->size - 1) / gran; ++i) {
+          if (!seg->mapped[i]) fail("a block in use or in planned territory is not mapped");
+        }
+      }
+    } else if (seg->mapped_bytes != seg->size) {
+      fail("a fixed segment is not wholly mapped");
+    }
     const char* expect = seg->base;
     std::size_t seg_live = 0, plan_free = 0;
     const Block* prev = nullptr;

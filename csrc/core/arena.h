@@ -25,12 +25,35 @@
 // backend's granules (PyTorch's expandable_segments), plus one persistent
 // segment per stream for what optimizers create while a step is recorded;
 // otherwise segments are 2 MiB (small pool), 20 MiB (large requests below
-// 10 MiB) or the request rounded up to 2 MiB.
+// 10 MiB) or the request rounded up to 2 MiB, and never smaller than the
+// request.
+//
+// Releasing memory (empty_cache, the out-of-memory ladder) unmaps every
+// granule that lies wholly inside a free block of the dynamic pool, interior
+// holes included, not only a segment's free tail (PyTorch's release_blocks /
+// unmapBlock). An allocation that lands on unmapped granules maps them.
+//
+// Out of memory: one ladder per failed request, in allocate() (PyTorch's
+// malloc): the cheap attempt (try_allocate: free lists, completed stream
+// work, growth within the limit); then host-synchronize pending stream uses
+// and search again; then the free-memory hook (outside the lock); then
+// release the planned territory and every cached granule and retry once
+// (num_alloc_retries += 1); then the last-resort hook; then raise
+// OutOfMemoryError (num_ooms += 1).
+//
+// Fit guarantee (expandable segments, tested with hypothesis): after the
+// ladder's release, the arena's reserved bytes are the granules its live and
+// pending blocks touch (their footprint) plus what the small pool keeps, so
+// a request succeeds whenever round_up(size, granule) <= limit - footprint.
+// Fixed segments cannot return part of a segment (cudaMalloc memory), so
+// there the bound is PyTorch's: limit - the bytes of segments holding a live
+// block.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,7 +105,7 @@ struct BlockInfo {
 
 struct SegmentInfo {
   std::uintptr_t address = 0;
-  std::size_t total_size = 0;
+  std::size_t total_size = 0;  // reserved (mapped) bytes; blocks may tile more (holes)
   std::size_t allocated_size = 0;
   std::size_t active_size = 0;
   std::size_t requested_size = 0;
@@ -135,6 +158,17 @@ struct StepRecord {
 class StepPlanner;
 struct StepPlanJob;
 
+// What the out-of-memory ladder may call, outside the arena lock (the CUDA
+// glue fills it). Either may be empty.
+struct OomHooks {
+  // Frees memory elsewhere (unused graph pools; PyTorch's
+  // trigger_free_memory_callbacks). True: something was freed, search again.
+  std::function<bool()> free_memory;
+  // Serves the request from elsewhere just before the error is raised
+  // (MemPool(use_on_oom=True) pools), or returns nullptr.
+  std::function<void*()> last_resort;
+};
+
 class Arena {
  public:
   // `group`: the stats group of the device's arenas (see StatsGroup), or
@@ -145,11 +179,13 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
-  // Returns nullptr for size 0. Raises OutOfMemoryError.
+  // Returns nullptr for size 0. Runs the out-of-memory ladder (see the top
+  // of this file) at most once, then raises OutOfMemoryError.
   void* allocate(std::size_t size, StreamId stream = 0);
-  // The same, returning nullptr (and counting no OOM) where allocate()
-  // raises OutOfMemoryError: for a caller with a fallback of its own (the
-  // CUDA glue frees unused graph pools, then calls allocate()).
+  void* allocate(std::size_t size, StreamId stream, const OomHooks& hooks);
+  // The cheap attempt only: free lists, completed stream work and growth
+  // within the limit; no host synchronization, no release, no retry counted.
+  // nullptr where that does not serve the request (and for size 0).
   void* try_allocate(std::size_t size, StreamId stream = 0);
   // Only from a cached free block of `stream` (best fit): no growth, no
   // memory given back, no waiting on pending uses. For lending a pool's
@@ -168,8 +204,9 @@ class Arena {
   // set_per_process_memory_fraction acts the same way). In a stats group
   // the limit counts what all arenas of the group reserve.
   void set_max_reserved_bytes(std::size_t bytes);
-  // Returns wholly free segments (and free tails of expandable segments) to
-  // the device, after synchronizing pending stream uses.
+  // Returns wholly free segments and every free granule of expandable
+  // segments (interior holes and tails, outside planned territory) to the
+  // device, after synchronizing pending stream uses.
   void empty_cache();
   // A boundary for stream uses: one event per (region, stream) group.
   void sync_point();
@@ -226,17 +263,24 @@ class Arena {
   void finish_plan(std::unique_ptr<StepPlanJob> job);
   void publish_locked() noexcept;
 
-  // nullptr where allocate() raises OutOfMemoryError (after the retries).
+  // The cheap attempt (planned placement, free lists, growth); nullptr when
+  // it does not serve the request.
   void* allocate_locked(std::size_t size, StreamId stream);
+  // Why no device could ever serve `size` bytes, or nullptr.
+  const char* impossible(std::size_t size) const;
 
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
   Block* allocate_dynamic_locked(std::size_t requested, std::size_t rounded,
                                  StreamId stream);  // nullptr: out of memory
+  // Best fit whose first `rounded` bytes are mapped or can be (within the
+  // limit); returned unindexed.
   Block* find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded);
   Block* take_locked(Block* b, std::size_t rounded);  // b is free and unindexed
-  bool grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
-  bool grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
+  // A new free block of at least `rounded` mapped bytes, unindexed; nullptr
+  // where the limit or the device refuses.
+  Block* grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
+  Block* grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
   Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded);
   Segment* expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent = false);
   FreeSet& free_set(PoolKind pool, bool persistent);
@@ -248,7 +292,23 @@ class Arena {
   // arena's when it has no group.
   std::size_t limit_reserved_locked() const;
   bool over_limit_locked(std::size_t bytes) const;  // growth by `bytes` passes max_reserved_bytes
-  void trim_tail_locked(Segment* seg);
+  // Mapping of expandable segments, by offsets from seg->base.
+  std::size_t unmapped_bytes_locked(const Segment* seg, std::size_t begin, std::size_t end) const;
+  // Maps every unmapped granule [begin, end) touches (end <= seg->size).
+  // false: the limit or the device refused, and nothing changed.
+  bool map_range_locked(Segment* seg, std::size_t begin, std::size_t end);
+  // Unmaps the mapped granules of [first, last) granule indexes.
+  std::size_t unmap_granules_locked(Segment* seg, std::size_t first, std::size_t last);
+  // Unmaps every granule lying wholly inside a free dynamic-pool block, but
+  // those touching [keep_lo, keep_hi), and lowers the segment's end to its
+  // last block in use (or keep_hi). Returns bytes.
+  std::size_t release_free_granules_locked(Segment* seg, std::size_t keep_lo = 0,
+                                           std::size_t keep_hi = 0);
+  // Whether mapping `bytes` more would raise the reserved peak while the
+  // pool caches free granules: then they are released first.
+  bool recycle_first_locked(PoolKind pool, std::size_t bytes) const;
+  // Maps [0, top) of `seg` for planned territory. false: refused.
+  bool map_territory_locked(Segment* seg, std::size_t top);
   void release_segment_locked(Segment* seg);
   std::size_t release_cached_locked();
   [[noreturn]] void raise_oom_locked(std::size_t requested, const char* why);
@@ -312,6 +372,7 @@ class Arena {
   std::shared_ptr<Device> device_;
   ArenaConfig config_;
   std::size_t unit_;  // rounding and alignment of block sizes
+  std::size_t max_request_;  // the device's bound on one request (0: none)
 
   std::deque<Block> block_storage_;
   std::vector<Block*> spare_blocks_;

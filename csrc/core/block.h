@@ -2,8 +2,12 @@
 //
 // Invariants:
 //   * The blocks of a segment tile [base, base + size) exactly, in address
-//     order, linked through prev/next; `size` is the mapped size (for an
-//     expandable segment, the part of its address range backed by memory).
+//     order, linked through prev/next. A fixed segment is wholly backed by
+//     memory (mapped_bytes == size). An expandable segment records per
+//     granule of [base, base + size) whether it is mapped: allocated and
+//     pending blocks and planned territory are always mapped; a free block
+//     of the dynamic pool may cover unmapped granules (holes that a release
+//     gave back to the device, PyTorch's unmapped blocks).
 //   * A free block is in exactly one index: the dynamic pool's best-fit set
 //     if it lies in dynamic territory, or its segment's `plan_free` map if it
 //     lies in planned territory ([base, base + plan_top)). No block straddles
@@ -59,8 +63,10 @@ using FreeSet = std::set<Block*, BySizeThenAddress>;
 
 struct Segment {
   char* base = nullptr;
-  std::size_t size = 0;      // mapped bytes (== reserved bytes it accounts for)
+  std::size_t size = 0;      // bytes its blocks tile (the high-water mark of an expandable one)
   std::size_t capacity = 0;  // address range; == size for fixed segments
+  std::size_t mapped_bytes = 0;  // backed by memory (== reserved bytes it accounts for)
+  std::vector<bool> mapped;  // expandable: one entry per granule of [base, base + size)
   PoolKind pool = PoolKind::kLarge;
   bool expandable = false;
   StreamId stream = 0;       // the stream whose allocations it serves

@@ -50,6 +50,10 @@ class Device {
   virtual void* reserve(std::size_t bytes) = 0;  // nullptr: refused (OOM)
   virtual void release(void* ptr, std::size_t bytes) = 0;
   virtual MemInfo mem_info() const = 0;
+  // The largest single request this backend could ever serve, in bytes (0:
+  // no bound known). The arena refuses a larger request at once, whatever
+  // it has cached, instead of relying on a growth to be refused.
+  virtual std::size_t max_request_bytes() const { return 0; }
 
   // --- address ranges (expandable segments) -------------------------------
   virtual bool supports_address_ranges() const { return false; }
@@ -79,6 +83,9 @@ class Device {
   virtual void destroy_event(EventId event) = 0;
   virtual void record_event(EventId event, StreamId stream) = 0;
   virtual bool query_event(EventId event) = 0;
+  // True when all work enqueued on `stream` so far has completed; false when
+  // not, or not known (the default). Never blocks; costs about one query.
+  virtual bool stream_idle(StreamId /*stream*/) { return false; }
   virtual void synchronize_event(EventId event) = 0;
   virtual void stream_wait_event(StreamId stream, EventId event) = 0;
 };

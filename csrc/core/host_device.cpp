@@ -34,6 +34,13 @@ MemInfo host_mem_info() {
   return info;
 }
 
+std::size_t host_request_limit() {
+  struct sysinfo si;
+  if (sysinfo(&si) != 0) return 0;
+  return static_cast<std::size_t>((static_cast<unsigned long long>(si.totalram) + si.totalswap) *
+                                  si.mem_unit);
+}
+
 void* HostRanges::reserve_range(std::size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -52,12 +59,8 @@ bool HostRanges::map(void* ptr, std::size_t bytes) {
   // overcommit heuristic never sees the request: refuse what it would refuse
   // for malloc (one request larger than RAM + swap), as PyTorch's default
   // CPU allocator would fail.
-  struct sysinfo si;
-  if (sysinfo(&si) == 0) {
-    const unsigned long long limit =
-        (static_cast<unsigned long long>(si.totalram) + si.totalswap) * si.mem_unit;
-    if (bytes > limit) return false;
-  }
+  const std::size_t limit = host_request_limit();
+  if (limit && bytes > limit) return false;
   return mprotect(ptr, bytes, PROT_READ | PROT_WRITE) == 0;
 }
 

@@ -34,6 +34,8 @@ struct HostRanges {
 void* host_reserve(std::size_t bytes);
 void host_release(void* ptr);
 MemInfo host_mem_info();
+// RAM + swap in bytes: what the kernel would refuse one malloc beyond.
+std::size_t host_request_limit();
 
 class HostDevice final : public Device {
  public:
@@ -44,6 +46,7 @@ class HostDevice final : public Device {
   void* reserve(std::size_t bytes) override { return host_reserve(bytes); }
   void release(void* ptr, std::size_t) override { host_release(ptr); }
   MemInfo mem_info() const override { return host_mem_info(); }
+  std::size_t max_request_bytes() const override { return host_request_limit(); }
 
   bool supports_address_ranges() const override { return true; }
   std::size_t range_granularity() const override { return HostRanges::kHostGranularity; }
@@ -58,6 +61,7 @@ class HostDevice final : public Device {
   void destroy_event(EventId) override {}
   void record_event(EventId, StreamId) override {}
   bool query_event(EventId) override { return true; }
+  bool stream_idle(StreamId) override { return true; }
   void synchronize_event(EventId) override {}
   void stream_wait_event(StreamId, EventId) override {}
 

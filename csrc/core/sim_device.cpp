@@ -55,6 +55,10 @@ MemInfo SimDevice::mem_info() const {
   return MemInfo{capacity_ - std::min(used_, capacity_), capacity_};
 }
 
+std::size_t SimDevice::max_request_bytes() const {
+  return capacity_ ? capacity_ : host_request_limit();
+}
+
 std::size_t SimDevice::range_granularity() const { return HostRanges::kDeviceGranularity; }
 
 void* SimDevice::reserve_range(std::size_t bytes) { return HostRanges::reserve_range(bytes); }
@@ -125,6 +129,13 @@ bool SimDevice::query_event(EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) throw DeviceError("SimDevice: query of an unknown event");
   return event_done_locked(it->second);
+}
+
+bool SimDevice::stream_idle(StreamId stream) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++queries_;
+  const Stream& s = stream_locked(stream);
+  return s.completed >= s.enqueued;
 }
 
 void SimDevice::synchronize_event(EventId event) {

@@ -50,6 +50,8 @@ class SimDevice final : public Device {
   void* reserve(std::size_t bytes) override;
   void release(void* ptr, std::size_t bytes) override;
   MemInfo mem_info() const override;
+  // The capacity, or RAM + swap when unlimited (its memory is the host's).
+  std::size_t max_request_bytes() const override;
 
   bool supports_address_ranges() const override { return ranges_enabled_; }
   std::size_t range_granularity() const override;
@@ -63,6 +65,7 @@ class SimDevice final : public Device {
   void destroy_event(EventId event) override;
   void record_event(EventId event, StreamId stream) override;
   bool query_event(EventId event) override;
+  bool stream_idle(StreamId stream) override;  // counted as a query
   void synchronize_event(EventId event) override;
   void stream_wait_event(StreamId stream, EventId event) override;
 

@@ -112,6 +112,45 @@ std::vector<Block*> PendingGroups::release_region(
   return out;
 }
 
+std::vector<Block*> PendingGroups::poll(std::size_t budget, std::int64_t& queries) {
+  std::vector<Block*> out;
+  for (auto it = open_.begin(); it != open_.end() && budget;) {
+    --budget;
+    ++queries;
+    if (!device_.stream_idle(it->first.use)) {
+      ++it;
+      continue;
+    }
+    // Everything enqueued on the use stream so far is done, so is all work
+    // enqueued before each of these blocks was freed.
+    for (Block* b : it->second) {
+      if (--b->pending_on == 0) out.push_back(b);
+    }
+    it = open_.erase(it);
+  }
+  if (sealed_.empty() || !budget) return out;
+  auto it = sealed_.lower_bound(cursor_);
+  for (std::size_t keys = sealed_.size(); keys && budget; --keys) {
+    if (it == sealed_.end()) it = sealed_.begin();
+    auto& q = it->second;
+    --budget;
+    ++queries;
+    if (device_.query_event(q.front().event)) {
+      events_.put(q.front().event);
+      finish(q.front(), out);
+      q.pop_front();
+    }
+    if (q.empty()) {
+      it = sealed_.erase(it);
+      if (sealed_.empty()) break;
+    } else {
+      ++it;
+    }
+  }
+  if (it != sealed_.end()) cursor_ = it->first;
+  return out;
+}
+
 std::vector<Block*> PendingGroups::synchronize_all() {
   std::vector<Block*> out;
   for (auto& [key, q] : sealed_) {

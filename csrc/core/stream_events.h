@@ -86,6 +86,11 @@ class PendingGroups {
                                      std::vector<std::pair<StreamId, EventId>>& events);
   // Host-synchronizes every sealed group and releases it.
   std::vector<Block*> synchronize_all();
+  // Cheap progress on the allocation path, at most `budget` device queries
+  // (each counted in `queries`): open groups whose use stream is idle
+  // (Device::stream_idle) are released without an event, then the oldest
+  // sealed group of each key in turn (round robin across calls) is queried.
+  std::vector<Block*> poll(std::size_t budget, std::int64_t& queries);
 
  private:
   void finish(SealedGroup& g, std::vector<Block*>& out);
@@ -94,6 +99,7 @@ class PendingGroups {
   EventPool& events_;
   std::map<GroupKey, std::vector<Block*>> open_;
   std::map<GroupKey, std::deque<SealedGroup>> sealed_;
+  GroupKey cursor_{Region::kDynamic, 0, 0};  // where poll() goes on
 };
 
 }  // namespace renaissance

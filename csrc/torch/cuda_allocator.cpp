@@ -518,38 +518,42 @@ void* malloc_on(std::size_t size, int device, cudaStream_t stream) {
       }
     }
     // Serves the request from the newest window's pool that takes `stream`,
-    // or from the default arena. last: raise OutOfMemoryError, else nullptr.
-    auto place = [&](bool last) -> void* {
+    // or from the default arena. hooks == nullptr: the cheap attempt only;
+    // otherwise the arena's one out-of-memory ladder, which raises.
+    void* borrowed = nullptr;  // the last resort registers its pointer itself
+    auto place = [&](const OomHooks* hooks) -> void* {
       if (s.windows_open.load(std::memory_order_acquire) > 0) {
         std::unique_lock g(s.mu);
         if (const Window* w = s.route_locked(stream)) {
           const MempoolId_t id = w->id;
           Arena& pool = *s.pool_locked(id).arena;
-          void* ptr = last ? pool.allocate(size, sid) : pool.try_allocate(size, sid);
+          // Under s.mu: the pool's ladder runs without the glue's hooks.
+          void* ptr = hooks ? pool.allocate(size, sid) : pool.try_allocate(size, sid);
           if (ptr) r.pointers.insert(ptr, Owner{&pool, id, device});
           return ptr;
         }
       }
-      void* ptr = last ? s.arena->allocate(size, sid) : s.arena->try_allocate(size, sid);
-      if (ptr) r.pointers.insert(ptr, Owner{s.arena.get(), kDefaultPool, device});
+      void* ptr = hooks ? s.arena->allocate(size, sid, *hooks) : s.arena->try_allocate(size, sid);
+      if (ptr && ptr != borrowed) r.pointers.insert(ptr, Owner{s.arena.get(), kDefaultPool, device});
       return ptr;
     };
-    if (void* ptr = place(false)) return ptr;
-    // Pools no graph uses any more may still hold memory: give it back and
-    // try again, then borrow from use_on_oom pools (one OOM counted, however
-    // many tries).
-    {
+    if (void* ptr = place(nullptr)) return ptr;
+    // The ladder runs once (num_alloc_retries += 1 at most). Its free-memory
+    // hook gives back the pools no graph uses any more (PyTorch's
+    // trigger_free_memory_callbacks); its last resort borrows from
+    // use_on_oom pools. Both run outside the arena lock.
+    OomHooks hooks;
+    hooks.free_memory = [&s] {
       std::vector<std::shared_ptr<Arena>> dead;
       {
         std::lock_guard g(s.mu);
         s.release_unused_pools_locked(&dead);
       }
-    }  // `dead` is destroyed here, outside the lock: its memory goes back
-    if (void* ptr = place(false)) return ptr;
-    if (void* ptr = borrow_from_pools(s, size, sid, device, stream)) return ptr;
-    // Nothing left to try: the arena raises (and counts) the error, with its reason.
+      return !dead.empty();
+    };  // `dead` is destroyed outside s.mu: its memory goes back
+    hooks.last_resort = [&] { return borrowed = borrow_from_pools(s, size, sid, device, stream); };
     try {
-      return place(true);
+      return place(&hooks);
     } catch (const OutOfMemoryError& e) {
       raise_oom(s, size, e);
     }

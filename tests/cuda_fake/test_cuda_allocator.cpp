@@ -510,6 +510,45 @@ void test_release_pool_never_throws() {
   check_clean();
 }
 
+// One out-of-memory ladder per failed request (PyTorch's malloc): the retry
+// is counted once and pending stream work is host-synchronized once, not
+// once per attempt of the glue (issue 13 item 5: it was +3 retries).
+void test_one_oom_ladder() {
+  fake_cuda::set_busy(side(), true);
+  c10::DataPtr x = alloc()->allocate(64 * MiB);
+  alloc()->recordStream(x, stream_of(kSide));
+  x.clear();  // pending: the side stream may still use it
+  const auto before = stats();
+  const auto syncs = fake_cuda::counters().event_synchronizes;
+  EXPECT_THROW(c10::OutOfMemoryError, alloc()->raw_alloc(1024 * MiB), "CUDA out of memory");
+  const auto after = stats();
+  CHECK_EQ(after.num_alloc_retries, before.num_alloc_retries + 1);
+  CHECK_EQ(after.num_ooms, before.num_ooms + 1);
+  CHECK_EQ(after.num_sync_all_streams, before.num_sync_all_streams + 1);
+  CHECK_EQ(fake_cuda::counters().event_synchronizes, syncs + 1);
+  // A request that fits once cached granules go back: one ladder, one
+  // retry, no error; the 200 MiB interior hole was unmapped (the VMM
+  // handles in the middle of the range released).
+  alloc()->emptyCache(kDefault);
+  void* a = alloc()->raw_alloc(200 * MiB);
+  void* b = alloc()->raw_alloc(100 * MiB);  // after a
+  alloc()->raw_delete(a);                   // a 200 MiB hole below b
+  const auto mid = stats();
+  void* c = alloc()->raw_alloc(300 * MiB);  // 100 live + 200 cached + 300 > 512
+  CHECK(c != nullptr);
+  CHECK_EQ(stats().num_alloc_retries, mid.num_alloc_retries + 1);
+  CHECK_EQ(stats().num_ooms, mid.num_ooms);
+  CHECK_EQ(reserved(), 400 * MiB);
+  CHECK_EQ(fake_cuda::counters().used_bytes, 400 * MiB);
+  CHECK(fake_cuda::accessible(b, 100 * MiB));
+  alloc()->raw_delete(c);
+  alloc()->raw_delete(b);
+  fake_cuda::set_busy(side(), false);
+  alloc()->emptyCache(kDefault);
+  CHECK_EQ(fake_cuda::counters().used_bytes, std::int64_t(0));
+  check_clean();
+}
+
 // A MemPool(use_on_oom=True) a live CUDA graph was captured into lends its
 // cached blocks to an allocation that would otherwise fail, and nothing
 // more: it never grows for the borrower and never gives back memory the
@@ -656,6 +695,7 @@ int main() {
       {"release_pool_never_throws", test_release_pool_never_throws},
       {"use_on_oom_keeps_graph_memory", test_use_on_oom_keeps_graph_memory},
       {"empty_cache_synchronizes_streams_only", test_empty_cache_synchronizes_streams_only},
+      {"one_oom_ladder", test_one_oom_ladder},
       {"vmm_refused_device", test_vmm_refused_device},  // last: uses cuda:3
       {"no_lock_left_held", test_no_lock_left_held},
   };
