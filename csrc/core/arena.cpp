@@ -191,7 +191,8 @@ void* Arena::allocate_cached(std::size_t size, StreamId stream) {
   if (size == 0 || size > kMaxRequest) return nullptr;
   Op g(*this);
   const std::size_t rounded = round_up(size, unit_);
-  Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded);
+  Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded,
+                              /*may_map=*/false);
   if (!b) return nullptr;
   b = take_locked(b, rounded);
   mark_allocated_locked(b, size, stream);
@@ -454,7 +455,8 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   }
 }
 
-Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded) {
+Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded,
+                               bool may_map) {
   // Candidates whose unmapped granules the limit refuses are passed over; a
   // few are looked at, then the ladder's release makes the best fit mappable.
   constexpr int kProbes = 4;
@@ -473,6 +475,7 @@ Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounde
       if (seg->mapped_bytes < seg->size) {
         const auto off = static_cast<std::size_t>(b->ptr - seg->base);
         const std::size_t need = unmapped_bytes_locked(seg, off, off + rounded);
+        if (need && !may_map) continue;  // only what is mapped already
         if (need && !recycled && recycle_first_locked(seg->pool, need)) {
           // Map the holes in place of the segment's other free granules, not
           // on top of them (see grow_expandable_locked); the release re-tiles

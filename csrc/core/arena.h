@@ -33,6 +33,9 @@
 // holes included, not only a segment's free tail (PyTorch's release_blocks /
 // unmapBlock). An allocation that lands on unmapped granules maps them.
 //
+// Under a limit, a growth (or a mapping of holes) that would raise the
+// reserved peak while the pool caches free granules unmaps those first.
+//
 // Out of memory: one ladder per failed request, in allocate() (PyTorch's
 // malloc): the cheap attempt (try_allocate: free lists, completed stream
 // work, growth within the limit); then host-synchronize pending stream uses
@@ -275,7 +278,10 @@ class Arena {
                                  StreamId stream);  // nullptr: out of memory
   // Best fit whose first `rounded` bytes are mapped or can be (within the
   // limit); returned unindexed.
-  Block* find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded);
+  // may_map false: only blocks whose first `rounded` bytes are mapped, and
+  // nothing is mapped or unmapped.
+  Block* find_free_locked(FreeSet& set, StreamId stream, std::size_t rounded,
+                          bool may_map = true);
   Block* take_locked(Block* b, std::size_t rounded);  // b is free and unindexed
   // A new free block of at least `rounded` mapped bytes, unindexed; nullptr
   // where the limit or the device refuses.
