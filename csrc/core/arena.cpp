@@ -557,19 +557,6 @@ Block* Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, b
     if (Block* b = grow_expandable_locked(pool, stream, rounded, persistent)) return b;
   }
   if (persistent) return nullptr;  // only its own expandable segment serves it
-  if (!capturing_ && config_.max_reserved_bytes &&
-      stats_.reserved_bytes[0].current + static_cast<std::int64_t>(rounded) >
-          stats_.reserved_bytes[0].peak) {
-    // As for expandable segments: a new peak is not stacked on wholly free
-    // segments of the pool; they go back first.
-    std::vector<Segment*> idle;
-    for (auto& [base, seg] : segments_) {
-      if (!seg->expandable && seg->pool == pool && seg->wholly_free() && seg.get() != territory_) {
-        idle.push_back(seg.get());
-      }
-    }
-    for (Segment* seg : idle) release_segment_locked(seg);
-  }
   Segment* seg = new_segment_locked(pool, stream, rounded);
   if (!seg) return nullptr;
   unindex_free_locked(seg->head);
