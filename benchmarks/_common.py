@@ -22,6 +22,8 @@ def child_env(extra: dict | None = None, drop: tuple = ()) -> dict:
     for key in ("TORCH_RENAISSANCE_CONF", *drop):
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    # Same thread counts in every child, busy machine or not (see cli.DETERMINISTIC_THREADS).
+    env.update({"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"})
     env.update(extra or {})
     return env
 

@@ -154,6 +154,14 @@ def _write_report(f, report, code: int) -> int:
 # demo
 # ---------------------------------------------------------------------------
 
+# MKL and OpenMP may use fewer threads than asked when the machine is busy
+# (MKL_DYNAMIC is on by default), which changes how a matmul splits its sums
+# and so the last bits of a loss: measured here, PyTorch's own allocator gave
+# two different loss sequences in six runs of the demo's model under load, and
+# one with these set. The demo compares allocators, so every run gets the
+# same thread count.
+DETERMINISTIC_THREADS = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
+
 DEMO_MODES = (
     ("default", "PyTorch default"),
     ("dynamic", "renaissance dynamic"),
@@ -167,6 +175,7 @@ def _demo_run(mode: str, args: argparse.Namespace, progress, task) -> dict:
            "--seed", str(args.seed)]
     env = dict(os.environ)
     env.pop("TORCH_RENAISSANCE_CONF", None)
+    env.update(DETERMINISTIC_THREADS)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     result = None
     assert proc.stdout is not None
