@@ -58,7 +58,7 @@ def main() -> None:
         pool = WorkerPool(world, allocator="cpu")
         try:
             results = pool.run(tasks.memory_compare, kind, "bench", args.steps, tp, batch,
-                               timeout=1800)
+                               True, 1, timeout=1800)  # one planned/plain pair
         finally:
             pool.close()
         r = max(results, key=lambda r: r["plain_peak"])
