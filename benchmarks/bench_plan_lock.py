@@ -22,26 +22,17 @@ Run: ``python benchmarks/bench_plan_lock.py [--buffers N] [--budget S]``.
 from __future__ import annotations
 
 import argparse
-import random
+import pathlib
+import sys
 import threading
 import time
 
 from _common import git_rev, machine, table
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from territory_scenarios import random_step  # noqa: E402  (the test's step, larger)
+
 MiB = 1 << 20
-
-
-def record_step(arena, n: int, seed: int) -> None:
-    """One step of ``n`` allocations whose frees interleave (same seed: same sizes)."""
-    rng = random.Random(seed)
-    arena.begin_step()
-    live = []
-    for _ in range(n):
-        live.append(arena.allocate(rng.randint(1, 128) * 64 * 1024))
-        while live and rng.random() < 0.45:
-            arena.deallocate(live.pop(rng.randrange(len(live))))
-    for p in live:
-        arena.deallocate(p)
 
 
 def measure(C, n: int, budget: float, seed: int = 0, control: bool = False) -> dict:
@@ -50,9 +41,9 @@ def measure(C, n: int, budget: float, seed: int = 0, control: bool = False) -> d
     ``control``: the other thread runs a pure-Python operation of similar cost
     instead (no arena call): the machine's scheduling noise floor."""
     arena = C.Arena(C.HostDevice(), plan_budget_seconds=budget)
-    record_step(arena, n, seed)
+    random_step(arena, n, seed)
     arena.end_step()
-    record_step(arena, n, seed)           # same sizes: its end plans the step
+    random_step(arena, n, seed)           # same sizes: its end plans the step
     stop = threading.Event()
     started = threading.Event()
     lat: list[tuple[float, float]] = []   # (start, seconds) of each allocate+free pair

@@ -20,43 +20,27 @@ Run: ``python benchmarks/bench_territory.py``.
 from __future__ import annotations
 
 import json
-import random
+import pathlib
 import subprocess
 import sys
 
 from _common import child_env, git_rev, machine, table
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from territory_scenarios import new_structures  # noqa: E402  (the test's scenario)
+
 MiB = 1 << 20
 
 
-def new_structures(C, planning: bool) -> list[str]:
+def new_structures_row(C, planning: bool) -> list[str]:
     a = C.Arena(C.HostDevice(), planning=planning)
-    rnd = random.Random(0)
-    between: list[int] = []
-    top = 0
-    for _ in range(40):
-        if planning:
-            a.begin_step()
-        live = []
-        for _ in range(rnd.randint(4, 30)):
-            live.append(a.allocate(rnd.randint(1, 8) * MiB))
-            if len(live) > 3:
-                a.deallocate(live.pop(rnd.randrange(len(live))))
-        for p in live:
-            a.deallocate(p)
-        if planning:
-            a.end_step()
-        for _ in range(2):
-            between.append(a.allocate(rnd.randint(1, 4) * MiB))
-        while len(between) > 6:
-            a.deallocate(between.pop(rnd.randrange(len(between))))
-        top = max(top, a.stats()["reserved_bytes"]["all"]["current"])
+    run = new_structures(a, planning)
     peak = a.stats()["allocated_bytes"]["all"]["peak"]
-    for p in between:
+    for p in run["between"]:
         a.deallocate(p)
     a.empty_cache()
     left = a.stats()["reserved_bytes"]["all"]["current"]
-    return [f"{top / MiB:.0f}", f"{peak / MiB:.0f}", f"{left / MiB:.0f}"]
+    return [f"{run['peak_reserved'] / MiB:.0f}", f"{peak / MiB:.0f}", f"{left / MiB:.0f}"]
 
 
 def pending_at_end(C, planning: bool) -> list[str]:
@@ -117,7 +101,7 @@ def main() -> None:
     from torch_renaissance import _C as C
 
     print(f"# planned territory; {machine()}; {git_rev()}")
-    rows = [[name] + new_structures(C, p) for name, p in (("dynamic only", False), ("planned", True))]
+    rows = [[name] + new_structures_row(C, p) for name, p in (("dynamic only", False), ("planned", True))]
     print("\nnew structures (MiB)")
     print(table(["", "max reserved", "peak allocated", "reserved after empty_cache"], rows))
     rows = [[name] + pending_at_end(C, p) for name, p in (("dynamic only", False), ("planned", True))]

@@ -65,7 +65,8 @@ FAKE = textwrap.dedent("""\
     """)
 
 
-def _start(tmp_path, **env):
+def _script(tmp_path, env):
+    """(command, environment, out dir) running run_all.sh with the fake python."""
     fake = tmp_path / "python"
     fake.write_text(FAKE)
     fake.chmod(0o755)
@@ -74,22 +75,19 @@ def _start(tmp_path, **env):
                 FAKE_LOG=str(tmp_path / "calls.txt"), **env)
     full.pop("TORCH_RENAISSANCE_CUDA_VMM", None)
     full.pop("_TR_GPU_CHECK_INNER", None)
-    p = subprocess.Popen(["bash", SCRIPT, str(out)], env=full, stdout=subprocess.PIPE,
+    return ["bash", SCRIPT, str(out)], full, out
+
+
+def _start(tmp_path, **env):
+    cmd, full, out = _script(tmp_path, env)
+    p = subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     return p, out
 
 
 def _run(tmp_path, **env):
-    fake = tmp_path / "python"
-    fake.write_text(FAKE)
-    fake.chmod(0o755)
-    out = tmp_path / "out"
-    full = dict(os.environ, PYTHON=str(fake), REAL_PYTHON=sys.executable,
-                FAKE_LOG=str(tmp_path / "calls.txt"), **env)
-    full.pop("TORCH_RENAISSANCE_CUDA_VMM", None)
-    full.pop("_TR_GPU_CHECK_INNER", None)
-    p = subprocess.run(["bash", SCRIPT, str(out)], env=full, capture_output=True, text=True,
-                       timeout=120)
+    cmd, full, out = _script(tmp_path, env)
+    p = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=120)
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     return p, out, calls
 

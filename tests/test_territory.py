@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from territory_scenarios import new_structures, random_step
 
 MiB = 1 << 20
 
@@ -54,24 +55,8 @@ def test_territory_is_bounded_when_every_step_is_a_new_structure(C):
     # reserved climbed to 191 MiB for a 49 MiB allocated peak, and 178 MiB
     # stayed reserved after freeing everything and empty_cache().
     a = C.Arena(C.HostDevice())
-    rnd = random.Random(0)
-    between: list[int] = []
-    peak_reserved = 0
-    for _ in range(40):
-        a.begin_step()
-        live = []
-        for _ in range(rnd.randint(4, 30)):
-            live.append(a.allocate(rnd.randint(1, 8) * MiB))
-            if len(live) > 3:
-                a.deallocate(live.pop(rnd.randrange(len(live))))
-        for p in live:
-            a.deallocate(p)
-        a.end_step()
-        for _ in range(2):
-            between.append(a.allocate(rnd.randint(1, 4) * MiB))
-        while len(between) > 6:
-            a.deallocate(between.pop(rnd.randrange(len(between))))
-        peak_reserved = max(peak_reserved, a.stats()["reserved_bytes"]["all"]["current"])
+    run = new_structures(a, planning=True)
+    peak_reserved, between = run["peak_reserved"], run["between"]
     s = a.stats()
     assert s["renaissance"]["plans"] >= 30
     peak_allocated = s["allocated_bytes"]["all"]["peak"]
@@ -177,18 +162,6 @@ def test_block_pending_at_the_steps_end_does_not_grow_the_layout(C, finished):
     a.empty_cache()
     assert a.stats()["reserved_bytes"]["all"]["current"] == 0
     a.check_invariants()
-
-
-def random_step(a, n: int, seed: int) -> None:
-    rng = random.Random(seed)
-    a.begin_step()
-    live = []
-    for _ in range(n):
-        live.append(a.allocate(rng.randint(1, 128) * 64 * 1024))
-        while live and rng.random() < 0.45:
-            a.deallocate(live.pop(rng.randrange(len(live))))
-    for p in live:
-        a.deallocate(p)
 
 
 def test_other_threads_allocate_while_a_step_is_planned(C):
