@@ -136,28 +136,38 @@ bool event_complete(State& s, const Event& e) {
 
 // --- fake driver functions (reached through the entry-point query) --------
 
-CUresult fake_cuGetErrorString(CUresult r, const char** out) {
-  switch (r) {
-    case CUDA_SUCCESS: *out = "no error"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_VALUE: *out = "invalid argument"; return CUDA_SUCCESS;
-    case CUDA_ERROR_OUT_OF_MEMORY: *out = "out of memory"; return CUDA_SUCCESS;
-    case CUDA_ERROR_NOT_SUPPORTED: *out = "operation not supported"; return CUDA_SUCCESS;
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-      *out = "an illegal memory access was encountered";
-      return CUDA_SUCCESS;
-    default: *out = nullptr; return CUDA_ERROR_INVALID_VALUE;
+// The driver's name and text of each error the fake can return.
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrorTexts[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
+};
+
+const ErrorText* error_text(CUresult r) {
+  for (const ErrorText& e : kErrorTexts) {
+    if (e.code == r) return &e;
   }
+  return nullptr;
+}
+
+CUresult fake_cuGetErrorString(CUresult r, const char** out) {
+  const ErrorText* e = error_text(r);
+  *out = e ? e->text : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult fake_cuGetErrorName(CUresult r, const char** out) {
-  switch (r) {
-    case CUDA_SUCCESS: *out = "CUDA_SUCCESS"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_VALUE: *out = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
-    case CUDA_ERROR_OUT_OF_MEMORY: *out = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
-    case CUDA_ERROR_NOT_SUPPORTED: *out = "CUDA_ERROR_NOT_SUPPORTED"; return CUDA_SUCCESS;
-    case CUDA_ERROR_ILLEGAL_ADDRESS: *out = "CUDA_ERROR_ILLEGAL_ADDRESS"; return CUDA_SUCCESS;
-    default: *out = nullptr; return CUDA_ERROR_INVALID_VALUE;
-  }
+  const ErrorText* e = error_text(r);
+  *out = e ? e->name : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult fake_cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
