@@ -667,6 +667,21 @@ bool CudaDevice::query_event(EventId event) {
   throw_cuda(err, "cudaEventQuery", index_);
 }
 
+bool CudaDevice::stream_idle(StreamId stream) {
+  DeviceGuard guard(index_);
+  cudaStream_t s = to_stream(stream);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TR_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  if (status != cudaStreamCaptureStatusNone) return false;
+  const cudaError_t err = cudaStreamQuery(s);
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error
+    return false;
+  }
+  throw_cuda(err, "cudaStreamQuery", index_);
+}
+
 void CudaDevice::synchronize_event(EventId event) {
   TR_CUDA_CHECK(cudaEventSynchronize(to_event(event)));
 }

@@ -48,6 +48,11 @@
 //   * Events are created with cudaEventDisableTiming; an EventId is the
 //     cudaEvent_t, a StreamId the cudaStream_t (0: the legacy default
 //     stream).
+//   * stream_idle() is cudaStreamQuery (true: all work enqueued so far is
+//     done), so freed blocks whose use streams went quiet are reused without
+//     waiting for their group's event; a stream being captured is never
+//     queried (that would invalidate the capture) and answers false. The
+//     arena calls it only outside capture windows, as it does query_event.
 //   * Thread safe: the VMM handle table has its own mutex (a leaf of
 //     core/lock_order.h: nothing is locked under it); everything else
 //     is stateless or the CUDA runtime's.
@@ -103,6 +108,7 @@ class CudaDevice final : public Device {
   void destroy_event(EventId event) override;
   void record_event(EventId event, StreamId stream) override;
   bool query_event(EventId event) override;
+  bool stream_idle(StreamId stream) override;
   void synchronize_event(EventId event) override;
   void stream_wait_event(StreamId stream, EventId event) override;
 

@@ -36,6 +36,9 @@ struct Stream {
   bool unrelated = false;  // its work never touches the memory under test
   std::uint64_t issued = 0;  // work items enqueued while busy
   std::uint64_t done = 0;    // of those, completed
+  // Nothing enqueued since the last complete() / synchronize (the fake sees
+  // event records only, so a busy stream is idle only once completed).
+  bool quiet = true;
 };
 struct Event {
   cudaStream_t stream = nullptr;
@@ -451,6 +454,7 @@ void set_busy(cudaStream_t stream, bool busy) {
   State& s = state();
   std::lock_guard<std::mutex> g(s.mu);
   s.streams[stream].busy = busy;
+  if (busy) s.streams[stream].quiet = false;
 }
 
 void complete(cudaStream_t stream) {
@@ -458,6 +462,7 @@ void complete(cudaStream_t stream) {
   std::lock_guard<std::mutex> g(s.mu);
   Stream& st = s.streams[stream];
   st.done = st.issued;
+  st.quiet = true;
 }
 
 bool accessible(const void* p, std::size_t bytes, int device) {
@@ -633,7 +638,10 @@ cudaError_t cudaDeviceSynchronize(void) {
   FAKE_WORK(s, "cudaDeviceSynchronize");
   fake_cuda::touch(s);
   fake_cuda::capture_check(s);
-  for (auto& [stream, st] : s.streams) st.done = st.issued;
+  for (auto& [stream, st] : s.streams) {
+    st.done = st.issued;
+    st.quiet = true;
+  }
   ++s.counters.device_synchronizes;
   return cudaSuccess;
 }
@@ -646,8 +654,19 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   fake_cuda::capture_check(s);
   fake_cuda::Stream& st = s.streams[stream];
   st.done = st.issued;
+  st.quiet = true;
   ++s.counters.stream_synchronizes;
   return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  auto& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  FAKE_WORK(s, "cudaStreamQuery");
+  fake_cuda::capture_check(s);
+  ++s.counters.stream_queries;
+  const fake_cuda::Stream& st = s.streams[stream];
+  return !st.busy || st.quiet ? cudaSuccess : fake_cuda::fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
@@ -681,7 +700,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   auto it = s.events.find(event);
   if (it == s.events.end()) return fake_cuda::fail(cudaErrorInvalidResourceHandle);
   fake_cuda::Stream& st = s.streams[stream];
-  if (st.busy) ++st.issued;
+  if (st.busy) {
+    ++st.issued;
+    st.quiet = false;
+  }
   it->second = fake_cuda::Event{stream, st.issued, true};
   return cudaSuccess;
 }

@@ -63,6 +63,7 @@ struct Counters {
   std::int64_t allocations_not_relaxed = 0;  // cudaMalloc/cuMemCreate outside relaxed mode
   std::int64_t device_synchronizes = 0;
   std::int64_t stream_synchronizes = 0;  // cudaStreamSynchronize calls that succeeded
+  std::int64_t stream_queries = 0;       // cudaStreamQuery calls
   std::int64_t event_synchronizes = 0;
   std::int64_t unsafe_unmaps = 0;      // cuMemUnmap while a stream had incomplete work
   // Event record/query/synchronize/wait, device synchronize, cudaFree,

@@ -798,6 +798,61 @@ void test_lock_order_checker() {
 }
 }  // namespace
 
+// cudaStreamQuery behind stream_idle: "not ready" is an answer (no sticky
+// error), a capturing stream is never queried, other errors throw.
+void test_stream_idle() {
+  fake_cuda::reset(config());
+  CudaDevice d(0);
+  const StreamId side = sid(side_stream());
+  CHECK(d.stream_idle(side));  // nothing enqueued
+  fake_cuda::set_busy(side_stream(), true);
+  CHECK(!d.stream_idle(side));
+  check_no_sticky_error();
+  fake_cuda::complete(side_stream());
+  CHECK(d.stream_idle(side));
+  fake_cuda::set_capturing(true);
+  const auto queries = fake_cuda::counters().stream_queries;
+  CHECK(!d.stream_idle(side));
+  CHECK_EQ(fake_cuda::counters().stream_queries, queries);
+  CHECK_EQ(fake_cuda::counters().calls_during_capture, 0);
+  fake_cuda::set_capturing(false);
+  fake_cuda::fail_next("cudaStreamQuery", cudaErrorIllegalAddress);
+  EXPECT_THROW(DeviceError, d.stream_idle(side), "cudaStreamQuery", "an illegal memory access");
+  check_no_sticky_error();
+  check_nothing_live();
+}
+
+// Issue 11 item 4 on CUDA: a block freed with a use on a side stream whose
+// work has finished is reused by the very next request of its size, with no
+// event recorded for it (before: CudaDevice could not tell an idle stream,
+// so the block stayed pending until a sync point sealed its group and that
+// event was queried).
+void test_arena_notices_finished_stream_work() {
+  fake_cuda::reset(config());
+  auto dev = std::make_shared<CudaDevice>(0);
+  {
+    Arena arena(dev, ArenaConfig{});
+    void* keep = arena.allocate(1 * MiB, 0);
+    fake_cuda::set_busy(side_stream(), true);
+    void* p = arena.allocate(1 * MiB, 0);
+    arena.record_stream(p, sid(side_stream()));
+    arena.deallocate(p);
+    CHECK_EQ(arena.stats().pending_bytes.current, static_cast<std::int64_t>(1 * MiB));
+    fake_cuda::complete(side_stream());
+    const auto before = fake_cuda::counters();
+    void* r = arena.allocate(1 * MiB, 0);
+    CHECK(r == p);  // free again: the stream is idle
+    CHECK_EQ(arena.stats().pending_bytes.current, 0);
+    CHECK_EQ(fake_cuda::counters().live_events, before.live_events);  // no event for it
+    CHECK_EQ(fake_cuda::counters().stream_queries, before.stream_queries + 1);
+    for (void* x : {keep, r}) arena.deallocate(x);
+    arena.check_invariants();
+  }
+  dev.reset();
+  check_nothing_live();
+  check_no_sticky_error();
+}
+
 int main() {
   const fake_cuda::TestList tests = {
       {"no_device", test_no_device},
@@ -812,6 +867,8 @@ int main() {
       {"destructor_returns_ranges", test_destructor_returns_ranges},
       {"peer_access", test_peer_access},
       {"events", test_events},
+      {"stream_idle", test_stream_idle},
+      {"arena_notices_finished_stream_work", test_arena_notices_finished_stream_work},
       {"arena_expandable", test_arena_expandable},
       {"arena_record_stream", test_arena_record_stream},
       {"arena_out_of_memory_vmm", [] { test_arena_out_of_memory(true); }},
