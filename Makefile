@@ -12,7 +12,7 @@ DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy mat
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
-.PHONY: venv build demo test test-cpp bench check-cuda clean
+.PHONY: venv build demo test test-cpp bench bench-lock check-cuda clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ build/plan_test: tests/cpp/plan_test.cpp $(PLANNER_SOURCES)
 	@mkdir -p build
 	$(CXX) -O2 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/plan_test.cpp \
 	    $(filter %.cpp,$(PLANNER_SOURCES)) -o $@
+
+# An allocation's worst latency on another thread while a step is planned
+# (C++, no GIL): benchmarks/cpp/plan_lock_latency.cpp.
+CORE_HOST_SOURCES := $(filter-out csrc/core/cuda_device.cpp,$(wildcard csrc/core/*.cpp))
+build/plan_lock_latency: benchmarks/cpp/plan_lock_latency.cpp $(wildcard csrc/core/*.cpp csrc/core/*.h)
+	@mkdir -p build
+	$(CXX) -O2 -std=c++17 -Wall -Wextra -Werror -pthread -Icsrc $< $(CORE_HOST_SOURCES) -o $@
+
+bench-lock: build/plan_lock_latency
+	build/plan_lock_latency 1200 3
 
 test-cpp: build/plan_test
 	build/plan_test 40
