@@ -81,21 +81,30 @@ def test_a_freed_block_is_reused_from_the_cache(C):
     a.check_invariants()
 
 
-def test_snapshot_reports_cached_blocks_as_free(C):
+def test_snapshot_flushes_the_cache(C):
+    """stats(), a snapshot and cacheInfo's largest free block show free
+    memory merged, as without the cache: the read flushes it."""
     a = C.Arena(C.HostDevice(), planning=False)
     ps = [a.allocate(4 * KiB) for _ in range(3)]
     a.deallocate(ps[1])
+    a.deallocate(ps[2])
+    assert a.cached_blocks == 2
+    a.check_invariants()  # counts each cached block as an inactive split block of its own
     blocks = [b for seg in a.snapshot() for b in seg["blocks"]]
-    states = {b["address"]: b["state"] for b in blocks}
-    assert states[ps[1]] == "inactive"
-    assert states[ps[0]] == states[ps[2]] == "active_allocated"
-    assert a.largest_free_block() >= 4 * KiB
-    s = a.stats()
-    # A cached block is an inactive split block of its own.
-    assert s["inactive_split"]["all"]["current"] >= 1
-    for p in (ps[0], ps[2]):
-        a.deallocate(p)
-    a.flush_cache()
+    assert a.cached_blocks == 0
+    assert [b["state"] for b in blocks] == ["active_allocated", "inactive"]  # merged with the tail
+    a.deallocate(ps[0])
+    ps = [a.allocate(4 * KiB) for _ in range(3)]
+    a.deallocate(ps[1])
+    assert a.cached_blocks == 1
+    s = a.stats()  # flushes too: inactive_split as merged (the freed block and the tail)
+    assert a.cached_blocks == 0
+    assert s["inactive_split"]["all"]["current"] == 2
+    a.deallocate(ps[2])
+    assert a.cached_blocks == 1
+    assert a.largest_free_block() > 4 * KiB  # merged with the tail
+    assert a.cached_blocks == 0
+    a.deallocate(ps[0])
     a.check_invariants()
 
 
@@ -108,11 +117,13 @@ def test_snapshot_reports_cached_blocks_as_free(C):
     st.tuples(st.just("reset_peak"), st.just(0)),
     st.tuples(st.just("empty"), st.just(0)),
     st.tuples(st.just("step"), st.just(0)),
+    st.tuples(st.just("check"), st.just(0)),
 ), min_size=1, max_size=80), expandable=st.booleans())
-def test_stats_equal_the_reference_model_at_every_step(C, ops, expandable):
-    """One thread: after every operation the stats equal the model's current
-    and peak values, check_invariants() holds (cache full or not), and no
-    pointer is live twice."""
+def test_stats_equal_the_reference_model(C, ops, expandable):
+    """One thread: no pointer is live twice, check_invariants() holds after
+    every operation (cache full or not), and at every "check" (stats() flushes
+    the cache, so checks come between runs of operations that use it) the
+    stats equal the model's current and peak values."""
     a = C.Arena(C.HostDevice(), expandable_segments=expandable, plan_budget_seconds=0.01)
     m = Model()
     in_step = False
@@ -136,9 +147,11 @@ def test_stats_equal_the_reference_model_at_every_step(C, ops, expandable):
             (a.end_step if in_step else a.begin_step)()
             in_step = not in_step
             assert a.cached_blocks == 0  # every step boundary flushes
+        elif op == "check":
+            m.check(a)
+            assert a.cached_blocks == 0
         if in_step:
             assert a.cached_blocks == 0  # nothing enters the cache inside a step
-        m.check(a)
         a.check_invariants()
     for p in list(m.live):
         del m.live[p]

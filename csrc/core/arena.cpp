@@ -343,6 +343,7 @@ bool Arena::in_step() const {
 
 DeviceStats Arena::stats() const {
   std::lock_guard<std::mutex> g(mu_);
+  flush_cache_for_read_locked();  // inactive_split as with the free blocks merged
   return stats_;
 }
 
@@ -379,18 +380,17 @@ std::size_t Arena::block_size(void* ptr) const {
 
 std::size_t Arena::largest_free_block() const {
   std::lock_guard<std::mutex> g(mu_);
+  flush_cache_for_read_locked();  // the largest block as merged without the cache
   std::size_t best = 0;
   for (const FreeSet* s : {&small_free_, &large_free_, &persistent_free_}) {
     for (const Block* b : *s) best = std::max(best, b->size);
-  }
-  for (const CacheBin& bin : cache_) {
-    if (bin.count) best = std::max(best, bin.size);
   }
   return best;
 }
 
 std::vector<SegmentInfo> Arena::snapshot() const {
   std::lock_guard<std::mutex> g(mu_);
+  flush_cache_for_read_locked();  // free memory shows merged, as without the cache
   std::vector<SegmentInfo> out;
   for (const auto& [base, seg] : segments_) {
     if (seg->size == 0) continue;
@@ -1130,6 +1130,12 @@ void Arena::flush_bin_locked(CacheBin& bin) {
     --b->segment->live;
     merge_free_locked(b);  // may release a retired segment it empties
   }
+}
+
+void Arena::flush_cache_for_read_locked() const {
+  // Flushing changes no stat (cached blocks are accounted as freed) and
+  // nothing a caller can see but the layout of free memory: a read may do it.
+  const_cast<Arena*>(this)->flush_cache_locked();
 }
 
 void Arena::flush_cache() {

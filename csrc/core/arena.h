@@ -50,14 +50,16 @@
 // instead of being merged and re-indexed; an allocation of that stream, size
 // and pool takes it back in O(1), with no tree or hash-node allocation. A
 // cached block stays split from its neighbours and counts as in use for every
-// walk over blocks, so nothing else can hand it out. Stats are exact at every
-// moment: it is accounted as freed (allocation, allocated, requested and
-// active bytes fall when it enters, rise when it leaves) and counts as an
-// inactive split block. The cache is flushed (its blocks freed and merged
-// for real) before any growth, at every step boundary, when a capture
-// starts, before a plan is installed, and at the start of every release
-// (empty_cache, the out-of-memory ladder), so reserved memory, plans and
-// the fit guarantee below see the same free space as without it.
+// walk over blocks, so nothing else can hand it out. It is accounted as freed
+// (allocation, allocated, requested and active bytes and their peaks fall
+// and rise exactly as without the cache) and counts as an inactive split
+// block of its own until it is merged. The cache is flushed (its blocks
+// freed and merged for real) before a growth of its stream and pool, at
+// every step boundary, when a capture starts, before a plan is installed, at
+// the start of every release (empty_cache, the out-of-memory ladder) and by
+// stats(), snapshot() and largest_free_block(), so reserved memory, plans,
+// snapshots, every current stat and the fit guarantee below see the same
+// free space as without it (only inactive_split's peak may differ).
 //
 // Fit guarantee (expandable segments, tested with hypothesis): after the
 // ladder's release, the arena's reserved bytes are the granules its live and
@@ -368,6 +370,9 @@ class Arena {
   // it flushed any.
   bool flush_cache_locked(StreamId stream, int cls);
   void flush_bin_locked(CacheBin& bin);
+  // For stats(), snapshot() and largest_free_block(): they report free
+  // memory merged.
+  void flush_cache_for_read_locked() const;
   void count_cached_locked(const Block* b, int sign);  // inactive_split of a cached block
   static std::size_t cache_bin_home(std::size_t rounded, StreamId stream) {
     // Fibonacci hashing of the size (its low 6 bits are zero) and stream.
