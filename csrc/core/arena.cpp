@@ -1143,14 +1143,9 @@ void Arena::flush_cache() {
   flush_cache_locked();
 }
 
-std::size_t Arena::cached_bytes() const {
+Arena::CacheInfo Arena::cache_info() const {
   std::lock_guard<std::mutex> g(mu_);
-  return cache_bytes_;
-}
-
-std::size_t Arena::cached_blocks() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return cache_blocks_;
+  return {cache_bytes_, cache_blocks_};
 }
 
 // ---------------------------------------------------------------------------

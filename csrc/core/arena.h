@@ -263,9 +263,12 @@ class Arena {
   // Frees the blocks of the free cache for real (merged and indexed). Stats
   // do not change (cached blocks are accounted as freed already).
   void flush_cache();
-  // Bytes and blocks in the free cache now.
-  std::size_t cached_bytes() const;
-  std::size_t cached_blocks() const;
+  // What the free cache holds now.
+  struct CacheInfo {
+    std::size_t bytes = 0;
+    std::size_t blocks = 0;
+  };
+  CacheInfo cache_info() const;
 
   // fork() safety (pthread_atfork): hold the lock across the fork so the
   // child never inherits it held by a thread that does not exist there.

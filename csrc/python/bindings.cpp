@@ -362,10 +362,12 @@ PYBIND11_MODULE(_C, m) {
       .def("flush_cache", &Arena::flush_cache, py::call_guard<py::gil_scoped_release>(),
            "Frees the blocks of the free cache for real (merged with their free neighbours and "
            "indexed for best fit); stats do not change.")
-      .def_property_readonly("cached_bytes", &Arena::cached_bytes,
-                             "Bytes in the free cache now (freed blocks kept for reuse).")
-      .def_property_readonly("cached_blocks", &Arena::cached_blocks,
-                             "Blocks in the free cache now.")
+      .def_property_readonly(
+          "cached_bytes", [](const Arena& a) { return a.cache_info().bytes; },
+          "Bytes in the free cache now (freed blocks kept for reuse).")
+      .def_property_readonly(
+          "cached_blocks", [](const Arena& a) { return a.cache_info().blocks; },
+          "Blocks in the free cache now.")
       .def("set_capturing", &Arena::set_capturing, py::arg("capturing"))
       .def_property_readonly("rounding", &Arena::rounding)
       .def_property_readonly("device", [](Arena& a) { return a.device().name(); });
