@@ -195,7 +195,7 @@ def test_threads_never_get_one_block_twice(C, plans, lockstep):
             for k in range(longest):
                 if lockstep:
                     with turn:
-                        turn.wait_for(lambda: state["turn"] == k * THREADS + t)
+                        turn.wait_for(lambda: state["turn"] >= k * THREADS + t)  # past it: a thread failed
                 if k < len(plans[t]):
                     op, size = plans[t][k]
                     if op == "alloc":
