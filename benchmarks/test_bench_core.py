@@ -1,7 +1,8 @@
 """The core's hot path and planned replay, timed in C++ loops beside malloc/free.
 
 * ``hot path <size>``: N allocate+free pairs of one size on a HostDevice arena (the dynamic
-  pool, 16 other blocks live) against the same loop on glibc's ``malloc``/``free``. The loops
+  pool with its free cache in front, 16 other blocks live; 4 MiB blocks are above the cache's
+  1 MiB and take the best-fit path) against the same loop on glibc's ``malloc``/``free``. The loops
   run in C++ (``_C.bench_pairs`` / ``_C.bench_malloc_pairs``, no GIL), so Python's ~1 us per
   call is spread over N pairs and is not what is measured.
 * ``threads 512 B``: the same pairs on 1 and 4 threads at once (per-pair time of the whole

@@ -10,6 +10,7 @@ multi-GiB limits run on a small machine.
 from __future__ import annotations
 
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -323,8 +324,32 @@ def _held_segments(a):
                if g["plan_top"] or any(b["state"] != "inactive" for b in g["blocks"]))
 
 
-def _run_fit(C, ops, expandable, limit):
+def _fill_caches(a, fill, limit):
+    """Four threads, one after another, allocate their share of ``fill`` (sizes, at most half
+    the limit in all) and free it: the arena's free cache keeps those blocks."""
+    budget = limit // 2
+    shares = [[n for n in fill[t::4]] for t in range(4)]
+
+    def run(sizes):
+        nonlocal budget
+        ps = []
+        for n in sizes:
+            if n > budget:
+                continue
+            budget -= n
+            ps.append(a.allocate(n))
+        for p in ps:
+            a.deallocate(p)
+
+    for sizes in shares:
+        th = threading.Thread(target=run, args=(sizes,))
+        th.start()
+        th.join()
+
+
+def _run_fit(C, ops, expandable, limit, fill=()):
     a = C.Arena(C.HostDevice(), max_reserved_bytes=limit, expandable_segments=expandable)
+    _fill_caches(a, fill, limit)
     unit = 64  # HostDevice alignment
     gran = HOST_GRANULE
     live = {}  # pointer -> rounded size, kept by the test
@@ -398,3 +423,13 @@ def test_fit_guarantee_fixed_segments(C, ops, limit_mib):
     is the last resort); after empty_cache() reserved is exactly those
     segments."""
     _run_fit(C, ops, False, limit_mib * MiB)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(ops=OPS, limit_mib=st.integers(8, 96), fill=st.lists(st.integers(1, 1 << 20), max_size=48),
+       expandable=st.booleans())
+def test_fit_guarantee_with_caches_filled_on_other_threads(C, ops, limit_mib, fill, expandable):
+    """The same guarantees with the arena's free cache first filled by four other threads
+    (blocks up to 1 MiB, allocated and freed there, still reserved): the out-of-memory ladder
+    flushes the cache before it gives memory back (issue 14)."""
+    _run_fit(C, ops, expandable, limit_mib * MiB, fill)

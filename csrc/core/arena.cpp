@@ -170,6 +170,7 @@ void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) 
     // step) and every cached granule back to the device, and retry once.
     Op g(*this);
     ++stats_.num_alloc_retries;
+    flush_cache_locked();
     if (steps_) steps_->release_territory();
     release_cached_locked();
     if (void* p = allocate_locked(size, stream)) return p;
@@ -190,7 +191,7 @@ void* Arena::try_allocate(std::size_t size, StreamId stream) {
 void* Arena::allocate_cached(std::size_t size, StreamId stream) {
   if (size == 0 || size > kMaxRequest) return nullptr;
   Op g(*this);
-  const std::size_t rounded = round_up(size, unit_);
+  const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
   Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded,
                               /*may_map=*/false);
   if (!b) return nullptr;
@@ -209,9 +210,10 @@ void* Arena::allocate_locked(std::size_t size, StreamId stream) {
   if (!capturing_ && !pending_.empty()) {
     release_blocks_locked(pending_.poll(kPollQueries, stats_.event_queries));
   }
-  const std::size_t rounded = round_up(size, unit_);
+  const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
   Block* b = nullptr;
   if (steps_) b = steps_->place(size, rounded, stream);
+  if (!b && cache_blocks_) b = take_cached_locked(size, rounded, stream);
   if (!b) b = allocate_dynamic_locked(size, rounded, stream);
   if (!b) return nullptr;
   if (steps_) steps_->on_allocated(b);
@@ -234,6 +236,7 @@ void Arena::deallocate(void* ptr) {
     pending_.add(b, b->planned ? Region::kPlanned : Region::kDynamic);
     return;
   }
+  if (cache_block_locked(b)) return;
   free_block_locked(b);
 }
 
@@ -254,6 +257,7 @@ void Arena::record_stream(void* ptr, StreamId stream) {
 
 void Arena::empty_cache() {
   Op g(*this);
+  flush_cache_locked();
   synchronize_pending_locked();
   // The planned territory is cache too (PyTorch's empty_cache returns every
   // unused cached block): it goes back, and the next step maps it again.
@@ -273,6 +277,7 @@ void Arena::sync_point() {
 
 void Arena::set_capturing(bool capturing) {
   Op g(*this);
+  flush_cache_locked();  // no cache during a capture (see cache_open_locked)
   capturing_ = capturing;
   if (capturing) return;
   if (demote_after_capture_) {
@@ -295,10 +300,12 @@ void Arena::begin_step(std::uint64_t key) {
   std::unique_ptr<StepPlanJob> job;
   {
     Op g(*this);
+    flush_cache_locked();  // steps see the free space merged (no cache inside a step)
     if (steps_->in_step()) job = steps_->end_step();  // an open step ends first
   }
   finish_plan(std::move(job));
   Op g(*this);
+  flush_cache_locked();
   steps_->begin_step(key);
 }
 
@@ -306,6 +313,7 @@ void Arena::end_step() {
   std::unique_ptr<StepPlanJob> job;
   {
     Op g(*this);
+    flush_cache_locked();
     boundary_locked();
     if (steps_) job = steps_->end_step();
   }
@@ -324,6 +332,7 @@ void Arena::finish_plan(std::unique_ptr<StepPlanJob> job) {
     throw;
   }
   Op g(*this);
+  flush_cache_locked();  // the territory's new line sees merged free blocks
   steps_->install(std::move(job));
 }
 
@@ -334,6 +343,7 @@ bool Arena::in_step() const {
 
 DeviceStats Arena::stats() const {
   std::lock_guard<std::mutex> g(mu_);
+  flush_cache_for_read_locked();  // inactive_split as with the free blocks merged
   return stats_;
 }
 
@@ -370,6 +380,7 @@ std::size_t Arena::block_size(void* ptr) const {
 
 std::size_t Arena::largest_free_block() const {
   std::lock_guard<std::mutex> g(mu_);
+  flush_cache_for_read_locked();  // the largest block as merged without the cache
   std::size_t best = 0;
   for (const FreeSet* s : {&small_free_, &large_free_, &persistent_free_}) {
     for (const Block* b : *s) best = std::max(best, b->size);
@@ -379,6 +390,7 @@ std::size_t Arena::largest_free_block() const {
 
 std::vector<SegmentInfo> Arena::snapshot() const {
   std::lock_guard<std::mutex> g(mu_);
+  flush_cache_for_read_locked();  // free memory shows merged, as without the cache
   std::vector<SegmentInfo> out;
   for (const auto& [base, seg] : segments_) {
     if (seg->size == 0) continue;
@@ -397,7 +409,7 @@ std::vector<SegmentInfo> Arena::snapshot() const {
       bi.address = reinterpret_cast<std::uintptr_t>(b->ptr);
       bi.size = b->size;
       bi.requested = b->requested;
-      bi.state = b->state;
+      bi.state = b->state == BlockState::kCached ? BlockState::kFree : b->state;  // free memory
       bi.planned = b->planned;
       bi.in_territory = seg->in_territory(b);
       bi.stream = b->stream;
@@ -405,7 +417,7 @@ std::vector<SegmentInfo> Arena::snapshot() const {
         si.allocated_size += b->size;
         si.requested_size += b->requested;
       }
-      if (b->state != BlockState::kFree) si.active_size += b->size;
+      if (b->state != BlockState::kFree && b->state != BlockState::kCached) si.active_size += b->size;
       si.blocks.push_back(bi);
     }
     out.push_back(std::move(si));
@@ -442,6 +454,9 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   for (;;) {
     Block* b = find_free_locked(*set, stream, rounded);
     if (!b && !pending_.empty() && reclaim_pending_locked(stream)) continue;
+    if (!b && flush_cache_locked(stream, expandable_class(pool, persistent))) {
+      continue;  // the cache's blocks of this free set may merge into a fit: no growth first
+    }
     if (!b) b = grow_locked(pool, stream, rounded, persistent);
     if (!b && persistent) {  // no room for a packed segment: serve it as usual
       persistent = false;
@@ -480,6 +495,7 @@ Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounde
           // Map the holes in place of the segment's other free granules, not
           // on top of them (see grow_expandable_locked); the release re-tiles
           // free blocks, so search again.
+          flush_cache_locked();  // the release walks the segment's free blocks
           release_free_granules_locked(seg, off, off + rounded);
           recycled = again = true;
           break;
@@ -549,7 +565,7 @@ void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stre
   stats_.add(stats_.active_bytes, pool, size);
   ++b->segment->live;
   b->segment->note_stream(stream);
-  live_.emplace(b->ptr, b);
+  live_.insert(b->ptr, b);
 }
 
 Block* Arena::grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent) {
@@ -882,6 +898,7 @@ void Arena::release_segment_locked(Segment* seg) {
 }
 
 std::size_t Arena::release_cached_locked() {
+  flush_cache_locked();  // what the free cache holds is free memory too
   if (capturing_) return 0;
   std::size_t released = 0;
   std::vector<Segment*> wholly_free;
@@ -980,6 +997,12 @@ void Arena::free_block_locked(Block* b) {
   b->pending_on = 0;
   b->step = 0;
   b->seq = -1;
+  merge_free_locked(b);
+}
+
+void Arena::merge_free_locked(Block* b) {
+  Segment* seg = b->segment;
+  b->state = BlockState::kFree;
   const bool territory = seg->in_territory(b);
   if (Block* p = b->prev; p && p->state == BlockState::kFree && seg->in_territory(p) == territory) {
     unindex_free_locked(p);
@@ -992,6 +1015,137 @@ void Arena::free_block_locked(Block* b) {
   }
   index_free_locked(b);
   if (seg->retire && seg->live == 0 && !is_territory_locked(seg)) release_segment_locked(seg);
+}
+
+// ---------------------------------------------------------------------------
+// free cache (arena.h: "Free cache")
+// ---------------------------------------------------------------------------
+
+void Arena::count_cached_locked(const Block* b, int sign) {
+  // Always an inactive split block, whatever its links (they may change while
+  // it is cached: a segment's tail grows, a free neighbour is released).
+  const PoolKind pool = b->segment->pool;
+  const auto size = static_cast<std::int64_t>(b->size);
+  if (sign > 0) {
+    stats_.add(stats_.inactive_split, pool, 1);
+    stats_.add(stats_.inactive_split_bytes, pool, size);
+  } else {
+    stats_.sub(stats_.inactive_split, pool, 1);
+    stats_.sub(stats_.inactive_split_bytes, pool, size);
+  }
+}
+
+bool Arena::cache_open_locked() const {
+  return !capturing_ && !(steps_ && steps_->in_step());
+}
+
+Block* Arena::take_cached_locked(std::size_t requested, std::size_t rounded, StreamId stream) {
+  if (rounded > kCacheMaxBlock || !cache_open_locked()) return nullptr;
+  // The free set allocate_dynamic_locked would search first (outside a step:
+  // the request's pool, or the persistent segment for a large request of a
+  // stream with planned territory).
+  const PoolKind pool = pool_for(rounded);
+  const bool persistent = pool == PoolKind::kLarge && use_ranges() && steps_ &&
+                          territory_of_locked(stream);
+  const int cls = expandable_class(pool, persistent);
+  std::size_t i = cache_bin_home(rounded, stream);
+  for (std::size_t probe = 0; probe < kCacheProbes; ++probe, i = (i + 1) % kCacheBins) {
+    CacheBin& bin = cache_[i];
+    if (bin.count == 0 || bin.size != rounded || bin.stream != stream || bin.cls != cls) continue;
+    Block* b = bin.blocks[--bin.count];
+    cache_bytes_ -= b->size;
+    --cache_blocks_;
+    count_cached_locked(b, -1);
+    --b->segment->live;  // mark_allocated_locked counts it again
+    mark_allocated_locked(b, requested, stream);
+    return b;
+  }
+  return nullptr;
+}
+
+bool Arena::cache_block_locked(Block* b) {
+  Segment* seg = b->segment;
+  if (b->size > kCacheMaxBlock || cache_bytes_ + b->size > kCacheMaxBytes || b->planned ||
+      seg->in_territory(b) || seg->retire || !b->uses.empty() || !cache_open_locked()) {
+    return false;
+  }
+  // Only memory of the block's own segment's stream, keyed by it: a block is
+  // never handed to another stream through the cache (issue 18).
+  const StreamId stream = seg->stream;
+  const int cls = expandable_class(seg->pool, seg->persistent);
+  CacheBin* target = nullptr;
+  std::size_t i = cache_bin_home(b->size, stream);
+  for (std::size_t probe = 0; probe < kCacheProbes; ++probe, i = (i + 1) % kCacheBins) {
+    CacheBin& bin = cache_[i];
+    if (bin.count && bin.size == b->size && bin.stream == stream && bin.cls == cls) {
+      target = bin.count < kCacheDepth ? &bin : nullptr;
+      break;
+    }
+    if (bin.count == 0 && !target) target = &bin;
+  }
+  if (!target) return false;
+  if (target->count == 0) {
+    target->size = b->size;
+    target->stream = stream;
+    target->cls = cls;
+  }
+  stats_.sub(stats_.active, seg->pool, 1);
+  stats_.sub(stats_.active_bytes, seg->pool, static_cast<std::int64_t>(b->size));
+  b->state = BlockState::kCached;
+  b->requested = 0;
+  b->stream = stream;
+  b->pending_on = 0;
+  b->step = 0;
+  b->seq = -1;
+  count_cached_locked(b, +1);
+  target->blocks[target->count++] = b;
+  cache_bytes_ += b->size;
+  ++cache_blocks_;
+  return true;
+}
+
+void Arena::flush_cache_locked() {
+  if (!cache_blocks_) return;
+  for (CacheBin& bin : cache_) flush_bin_locked(bin);
+}
+
+bool Arena::flush_cache_locked(StreamId stream, int cls) {
+  bool any = false;
+  if (!cache_blocks_) return any;
+  for (CacheBin& bin : cache_) {
+    if (bin.count && bin.stream == stream && bin.cls == cls) {
+      flush_bin_locked(bin);
+      any = true;
+    }
+  }
+  return any;
+}
+
+void Arena::flush_bin_locked(CacheBin& bin) {
+  while (bin.count) {
+    Block* b = bin.blocks[--bin.count];
+    cache_bytes_ -= b->size;
+    --cache_blocks_;
+    count_cached_locked(b, -1);
+    --b->segment->live;
+    merge_free_locked(b);  // may release a retired segment it empties
+  }
+}
+
+void Arena::flush_cache_for_read_locked() const {
+  // Flushing changes no stat (cached blocks are accounted as freed) and
+  // nothing a caller can see but the layout of free memory: a read may do it.
+  const_cast<Arena*>(this)->flush_cache_locked();
+}
+
+void Arena::flush_cache() {
+  Op g(*this);
+  flush_cache_locked();
+}
+
+Arena::CacheInfo Arena::cache_info() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return {cache_bytes_, cache_blocks_};
 }
 
 // ---------------------------------------------------------------------------
@@ -1251,12 +1405,12 @@ void Arena::recycle_block(Block* b) {
 }
 
 Block* Arena::live_block_locked(const void* ptr, const char* what) const {
-  auto it = live_.find(ptr);
-  if (it == live_.end()) {
+  Block* b = live_.find(ptr);
+  if (!b) {
     throw InvalidPointerError(std::string("torch_renaissance: cannot ") + what + " " +
                               describe_pointer_locked(ptr));
   }
-  return it->second;
+  return b;
 }
 
 std::string Arena::describe_pointer_locked(const void* ptr) const {
@@ -1286,6 +1440,7 @@ std::string Arena::describe_pointer_locked(const void* ptr) const {
         return where + ": the block was already freed (double free; it still waits on " +
                "another stream's use)";
       case BlockState::kFree:
+      case BlockState::kCached:
         return where + ": the pointer lies in free memory of this arena (double free or " +
                "stale pointer)";
     }
@@ -1299,6 +1454,24 @@ void Arena::check_invariants() const {
   std::int64_t allocated = 0, allocated_n = 0, requested = 0, active = 0, active_n = 0;
   std::int64_t reserved = 0, segments = 0, inactive = 0, inactive_n = 0, pending = 0;
   std::size_t free_small = 0, free_large = 0, free_persistent = 0, live = 0;
+  // The free cache: each block in one bin, matching its key.
+  std::set<const Block*> cached;
+  std::size_t cached_bytes = 0;
+  for (const CacheBin& bin : cache_) {
+    if (bin.count > kCacheDepth) fail("a cache bin overflows");
+    for (std::size_t i = 0; i < bin.count; ++i) {
+      const Block* b = bin.blocks[i];
+      if (!cached.insert(b).second) fail("a block is in the free cache twice");
+      if (b->state != BlockState::kCached || b->size != bin.size ||
+          b->segment->stream != bin.stream ||
+          expandable_class(b->segment->pool, b->segment->persistent) != bin.cls) {
+        fail("a cache bin holds a block of another state, size, stream or pool");
+      }
+      cached_bytes += b->size;
+    }
+  }
+  if (cached.size() != cache_blocks_ || cached_bytes != cache_bytes_) fail("free cache totals are wrong");
+  std::size_t cached_seen = 0;
   for (const auto& [base, seg] : segments_) {
     if (seg->size == 0) {
       if (seg->head) fail("an empty segment has blocks");
@@ -1352,6 +1525,15 @@ void Arena::check_invariants() const {
           inactive += size;
           ++inactive_n;
         }
+      } else if (b->state == BlockState::kCached) {
+        ++seg_live;
+        ++cached_seen;
+        inactive += size;
+        ++inactive_n;
+        if (!cached.count(b)) fail("a cached block is in no cache bin");
+        if (b->planned || seg->in_territory(b) || !b->uses.empty()) {
+          fail("a planned, territory or stream-used block is in the free cache");
+        }
       } else {
         ++seg_live;
         active += size;
@@ -1361,8 +1543,7 @@ void Arena::check_invariants() const {
           ++allocated_n;
           requested += static_cast<std::int64_t>(b->requested);
           ++live;
-          auto l = live_.find(b->ptr);
-          if (l == live_.end() || l->second != b) fail("allocated block missing from the live map");
+          if (live_.find(b->ptr) != b) fail("allocated block missing from the live map");
         } else {
           pending += size;
           if (b->pending_on <= 0) fail("pending block waits on nothing");
@@ -1379,6 +1560,7 @@ void Arena::check_invariants() const {
     fail("stale entries in the best-fit index");
   }
   if (live != live_.size()) fail("live map has entries without blocks");
+  if (cached_seen != cached.size()) fail("a cache bin holds a block of no segment");
   const auto& s = stats_;
   if (s.allocated_bytes[0].current != allocated) fail("allocated_bytes disagrees with the blocks");
   if (s.allocation[0].current != allocated_n) fail("allocation count disagrees with the blocks");

@@ -44,6 +44,23 @@
 // (num_alloc_retries += 1); then the last-resort hook; then raise
 // OutOfMemoryError (num_ooms += 1).
 //
+// Free cache (issue 14): a block freed outside a step, with no stream use,
+// in the dynamic pool (not planned, not in territory) and at most
+// kCacheMaxBlock bytes goes into a small per-(stream, size, pool) bin
+// instead of being merged and re-indexed; an allocation of that stream, size
+// and pool takes it back in O(1), with no tree or hash-node allocation. A
+// cached block stays split from its neighbours and counts as in use for every
+// walk over blocks, so nothing else can hand it out. It is accounted as freed
+// (allocation, allocated, requested and active bytes and their peaks fall
+// and rise exactly as without the cache) and counts as an inactive split
+// block of its own until it is merged. The cache is flushed (its blocks
+// freed and merged for real) before a growth of its stream and pool, at
+// every step boundary, when a capture starts, before a plan is installed, at
+// the start of every release (empty_cache, the out-of-memory ladder) and by
+// stats(), snapshot() and largest_free_block(), so reserved memory, plans,
+// snapshots, every current stat and the fit guarantee below see the same
+// free space as without it (only inactive_split's peak may differ).
+//
 // Fit guarantee (expandable segments, tested with hypothesis): after the
 // ladder's release, the arena's reserved bytes are the granules its live and
 // pending blocks touch (their footprint) plus what the small pool keeps, so
@@ -67,6 +84,7 @@
 #include "core/block.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "core/live_map.h"
 #include "core/lock_order.h"
 #include "core/planner.h"
 #include "core/stats.h"
@@ -242,6 +260,15 @@ class Arena {
   std::size_t block_size(void* ptr) const;
   // Throws std::logic_error describing the first broken invariant; for tests.
   void check_invariants() const;
+  // Frees the blocks of the free cache for real (merged and indexed). Stats
+  // do not change (cached blocks are accounted as freed already).
+  void flush_cache();
+  // What the free cache holds now.
+  struct CacheInfo {
+    std::size_t bytes = 0;
+    std::size_t blocks = 0;
+  };
+  CacheInfo cache_info() const;
 
   // fork() safety (pthread_atfork): hold the lock across the fork so the
   // child never inherits it held by a thread that does not exist there.
@@ -319,11 +346,49 @@ class Arena {
   std::size_t release_cached_locked();
   [[noreturn]] void raise_oom_locked(std::size_t requested, const char* why);
 
+  // --- free cache (see the top of this file) ------------------------------
+  static constexpr std::size_t kCacheBins = 32;    // bins, probed linearly (cache_bin_home)
+  static constexpr std::size_t kCacheDepth = 8;    // blocks per bin
+  static constexpr std::size_t kCacheProbes = 4;   // bins looked at per request
+  static constexpr std::size_t kCacheMaxBlock = std::size_t(1) << 20;  // bytes
+  static constexpr std::size_t kCacheMaxBytes = std::size_t(16) << 20;  // in all bins
+  struct CacheBin {
+    std::size_t size = 0;  // rounded bytes of its blocks
+    StreamId stream = 0;
+    int cls = 0;           // expandable_class of their segments
+    std::size_t count = 0;
+    Block* blocks[kCacheDepth] = {};
+  };
+  // Whether a dynamic request may be served from / a freed block may enter
+  // the cache now (no step open, no capture).
+  bool cache_open_locked() const;
+  // A cached block for a dynamic request (marked allocated), or nullptr.
+  Block* take_cached_locked(std::size_t requested, std::size_t rounded, StreamId stream);
+  // Puts a freed block (stats already reduced for allocation, allocated and
+  // requested) into the cache; false where it may not go there.
+  bool cache_block_locked(Block* b);
+  void flush_cache_locked();
+  // Only the bins of `stream` and free-set class `cls` (expandable_class):
+  // the blocks that could merge into a fit for a request there. True when
+  // it flushed any.
+  bool flush_cache_locked(StreamId stream, int cls);
+  void flush_bin_locked(CacheBin& bin);
+  // For stats(), snapshot() and largest_free_block(): they report free
+  // memory merged.
+  void flush_cache_for_read_locked() const;
+  void count_cached_locked(const Block* b, int sign);  // inactive_split of a cached block
+  static std::size_t cache_bin_home(std::size_t rounded, StreamId stream) {
+    // Fibonacci hashing of the size (its low 6 bits are zero) and stream.
+    const std::uint64_t x = (static_cast<std::uint64_t>(rounded) >> 6) + 0x9E3779B9ull * stream;
+    return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> 59);  // kCacheBins == 32
+  }
+
   // --- free blocks ---------------------------------------------------------
   void index_free_locked(Block* b);    // insert into the right free index
   void unindex_free_locked(Block* b);  // remove from its free index
   void count_inactive_locked(const Block* b, int sign);
   void free_block_locked(Block* b);    // allocated/pending -> free, coalesced
+  void merge_free_locked(Block* b);    // b becomes free: coalesced, indexed
   void mark_allocated_locked(Block* b, std::size_t requested, StreamId stream);
   Block* split_locked(Block* b, std::size_t first);  // returns the tail
   void absorb_next_locked(Block* a);  // a takes over a->next (free, unindexed)
@@ -389,7 +454,9 @@ class Arena {
   bool ranges_ok_;
   FreeSet small_free_, large_free_, persistent_free_;
   bool persistent_hint_ = false;
-  std::unordered_map<const void*, Block*> live_;
+  LiveMap live_;  // live allocations by address
+  CacheBin cache_[kCacheBins];
+  std::size_t cache_bytes_ = 0, cache_blocks_ = 0;
 
   DeviceStats stats_;
   std::shared_ptr<StatsGroup> group_;

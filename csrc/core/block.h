@@ -33,7 +33,8 @@ namespace renaissance {
 
 inline std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
 
-enum class BlockState : std::uint8_t { kFree, kAllocated, kPending };
+// kCached: freed, in the free cache (reusable for the same size and stream).
+enum class BlockState : std::uint8_t { kFree, kAllocated, kPending, kCached };
 
 struct Segment;
 
@@ -72,7 +73,7 @@ struct Segment {
   StreamId stream = 0;       // the stream whose allocations it serves
   Block* head = nullptr;
   Block* tail = nullptr;
-  std::size_t live = 0;      // allocated + pending blocks in it
+  std::size_t live = 0;      // allocated + pending + cached blocks in it
   // Planned territory: [base, base + plan_top). Its free blocks are indexed
   // by address in plan_free instead of the best-fit set.
   std::size_t plan_top = 0;

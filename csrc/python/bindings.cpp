@@ -109,6 +109,7 @@ const char* state_name(BlockState s) {
     case BlockState::kPending:
       return "active_pending_free";
     case BlockState::kFree:
+    case BlockState::kCached:  // snapshots report cached blocks as free
       break;
   }
   return "inactive";
@@ -358,6 +359,15 @@ PYBIND11_MODULE(_C, m) {
       .def("largest_free_block", &Arena::largest_free_block)
       .def("block_size", [](const Arena& a, std::uintptr_t p) { return a.block_size(to_ptr(p)); })
       .def("check_invariants", &Arena::check_invariants)
+      .def("flush_cache", &Arena::flush_cache, py::call_guard<py::gil_scoped_release>(),
+           "Frees the blocks of the free cache for real (merged with their free neighbours and "
+           "indexed for best fit); stats do not change.")
+      .def_property_readonly(
+          "cached_bytes", [](const Arena& a) { return a.cache_info().bytes; },
+          "Bytes in the free cache now (freed blocks kept for reuse).")
+      .def_property_readonly(
+          "cached_blocks", [](const Arena& a) { return a.cache_info().blocks; },
+          "Blocks in the free cache now.")
       .def("set_capturing", &Arena::set_capturing, py::arg("capturing"))
       .def_property_readonly("rounding", &Arena::rounding)
       .def_property_readonly("device", [](Arena& a) { return a.device().name(); });
@@ -487,19 +497,72 @@ void check_step(const std::vector<std::uint64_t>& sizes, const std::vector<std::
   }
 }
 
-template <typename Alloc, typename Free>
-std::uintptr_t run_step(const std::vector<std::uint64_t>& sizes,
-                        const std::vector<std::int64_t>& ops, std::vector<void*>& ptrs,
-                        Alloc alloc, Free release) {
-  std::uintptr_t acc = 0;
-  for (const std::int64_t op : ops) {
-    if (op >= 0) {
-      void* p = alloc(static_cast<std::size_t>(sizes[static_cast<std::size_t>(op)]));
-      ptrs[static_cast<std::size_t>(op)] = p;
-      acc ^= to_int(p);
-    } else {
-      release(ptrs[static_cast<std::size_t>(-op - 1)]);
+// The two allocators the loops run on: an arena (with its stream and, for
+// steps, begin_step/end_step around each run) and malloc/free.
+struct ArenaOps {
+  Arena& arena;
+  StreamId stream = 0;
+  bool mark_steps = false;
+  std::uint64_t key = 0;
+  void* alloc(std::size_t n) const { return arena.allocate(n, stream); }
+  void release(void* p) const { arena.deallocate(p); }
+  void begin() const {
+    if (mark_steps) arena.begin_step(key);
+  }
+  void end() const {
+    if (mark_steps) arena.end_step();
+  }
+};
+
+struct MallocOps {
+  void* alloc(std::size_t n) const {
+    void* p = g_bench_malloc(n);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  void release(void* p) const { g_bench_free(p); }
+  void begin() const {}
+  void end() const {}
+};
+
+// `pairs` alloc(size)+release pairs on each of `threads` threads, no GIL.
+template <typename Ops>
+std::uintptr_t run_pairs(const Ops& ops, std::size_t size, std::size_t pairs, std::size_t threads) {
+  check_threads(threads);
+  std::atomic<std::uintptr_t> acc{0};
+  py::gil_scoped_release nogil;
+  on_threads(threads, [&](std::size_t) {
+    std::uintptr_t local = 0;
+    for (std::size_t i = 0; i < pairs; ++i) {
+      void* p = ops.alloc(size);
+      local ^= to_int(p);
+      ops.release(p);
     }
+    acc ^= local;
+  });
+  return acc.load();
+}
+
+// The recorded step (see check_step) `steps` times, no GIL.
+template <typename Ops>
+std::uintptr_t run_steps(const Ops& ops, const std::vector<std::uint64_t>& sizes,
+                         const std::vector<std::int64_t>& step, std::size_t steps) {
+  check_step(sizes, step);
+  std::vector<void*> ptrs(sizes.size(), nullptr);
+  std::uintptr_t acc = 0;
+  py::gil_scoped_release nogil;
+  for (std::size_t s = 0; s < steps; ++s) {
+    ops.begin();
+    for (const std::int64_t op : step) {
+      if (op >= 0) {
+        void* p = ops.alloc(static_cast<std::size_t>(sizes[static_cast<std::size_t>(op)]));
+        ptrs[static_cast<std::size_t>(op)] = p;
+        acc ^= to_int(p);
+      } else {
+        ops.release(ptrs[static_cast<std::size_t>(-op - 1)]);
+      }
+    }
+    ops.end();
   }
   return acc;
 }
@@ -510,19 +573,7 @@ void bind_benchmark_loops(py::module_& m) {
   m.def(
       "bench_pairs",
       [](Arena& a, std::size_t size, std::size_t pairs, std::size_t threads, StreamId stream) {
-        check_threads(threads);
-        std::atomic<std::uintptr_t> acc{0};
-        py::gil_scoped_release nogil;
-        on_threads(threads, [&](std::size_t) {
-          std::uintptr_t local = 0;
-          for (std::size_t i = 0; i < pairs; ++i) {
-            void* p = a.allocate(size, stream);
-            local ^= to_int(p);
-            a.deallocate(p);
-          }
-          acc ^= local;
-        });
-        return acc.load();
+        return run_pairs(ArenaOps{a, stream}, size, pairs, threads);
       },
       py::arg("arena"), py::arg("size"), py::arg("pairs"), py::arg("threads") = 1,
       py::arg("stream") = 0,
@@ -531,20 +582,7 @@ void bind_benchmark_loops(py::module_& m) {
   m.def(
       "bench_malloc_pairs",
       [](std::size_t size, std::size_t pairs, std::size_t threads) {
-        check_threads(threads);
-        std::atomic<std::uintptr_t> acc{0};
-        py::gil_scoped_release nogil;
-        on_threads(threads, [&](std::size_t) {
-          std::uintptr_t local = 0;
-          for (std::size_t i = 0; i < pairs; ++i) {
-            void* p = g_bench_malloc(size);
-            if (p == nullptr) throw std::bad_alloc();
-            local ^= to_int(p);
-            g_bench_free(p);
-          }
-          acc ^= local;
-        });
-        return acc.load();
+        return run_pairs(MallocOps{}, size, pairs, threads);
       },
       py::arg("size"), py::arg("pairs"), py::arg("threads") = 1,
       "The same loop as bench_pairs on malloc/free: the baseline.");
@@ -552,17 +590,7 @@ void bind_benchmark_loops(py::module_& m) {
       "bench_step",
       [](Arena& a, const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& ops,
          std::size_t steps, bool mark_steps, std::uint64_t key) {
-        check_step(sizes, ops);
-        std::vector<void*> ptrs(sizes.size(), nullptr);
-        std::uintptr_t acc = 0;
-        py::gil_scoped_release nogil;
-        for (std::size_t s = 0; s < steps; ++s) {
-          if (mark_steps) a.begin_step(key);
-          acc ^= run_step(sizes, ops, ptrs, [&](std::size_t n) { return a.allocate(n); },
-                          [&](void* p) { a.deallocate(p); });
-          if (mark_steps) a.end_step();
-        }
-        return acc;
+        return run_steps(ArenaOps{a, 0, mark_steps, key}, sizes, ops, steps);
       },
       py::arg("arena"), py::arg("sizes"), py::arg("ops"), py::arg("steps") = 1,
       py::arg("mark_steps") = true, py::arg("key") = 0,
@@ -572,23 +600,7 @@ void bind_benchmark_loops(py::module_& m) {
   m.def(
       "bench_malloc_step",
       [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& ops,
-         std::size_t steps) {
-        check_step(sizes, ops);
-        std::vector<void*> ptrs(sizes.size(), nullptr);
-        std::uintptr_t acc = 0;
-        py::gil_scoped_release nogil;
-        for (std::size_t s = 0; s < steps; ++s) {
-          acc ^= run_step(
-              sizes, ops, ptrs,
-              [](std::size_t n) {
-                void* p = g_bench_malloc(n);
-                if (p == nullptr) throw std::bad_alloc();
-                return p;
-              },
-              [](void* p) { g_bench_free(p); });
-        }
-        return acc;
-      },
+         std::size_t steps) { return run_steps(MallocOps{}, sizes, ops, steps); },
       py::arg("sizes"), py::arg("ops"), py::arg("steps") = 1,
       "bench_step's loop on malloc/free: the baseline.");
 }
