@@ -90,6 +90,10 @@ constexpr std::uint32_t kRepairMaxItems = 20000;
 // the constructive passes) that the branch and bound gets; the peak repair
 // by sub-search (planner_improve.h) gets the rest.
 constexpr double kObstacleSearchShare = 0.5;
+// Without obstacles and too large for the search, the share of the budget
+// left after the constructive passes that ruin and recreate (improve()) gets;
+// the peak repair by sub-search gets the rest.
+constexpr double kImproveShare = 0.3;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -523,13 +527,23 @@ Result plan(const Problem& problem, const Options& options) {
       }
       detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                            best.method);
-    } else {
-      if (search) {
-        detail::search_small(inst, map, lower_bound, options.seed, work, best.height, best.offsets,
-                             best.method);
-      }
+    } else if (search) {
+      detail::search_small(inst, map, lower_bound, options.seed, work, best.height, best.offsets,
+                           best.method);
       detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,
                       best.method);
+    } else {
+      // Too large for the search over the whole instance: ruin and
+      // recreate over the whole plan first, then the peak repair by
+      // sub-search (windows at the peak, each solved with everything else
+      // fixed) on the rest.
+      Work first =
+          work.child(static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
+      detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
+                      best.method);
+      work.absorb(first);
+      detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                           best.method);
     }
   }
 
