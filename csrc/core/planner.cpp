@@ -549,7 +549,8 @@ Result plan(const Problem& problem, const Options& options) {
 
   // The sweep is cheap (O(N log N)) and now and then lower than every pass
   // (long, interleaved lifetimes): it replaces the plan when strictly lower.
-  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound && !work.expired()) {
+  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound && !work.expired() &&
+      work.fits_clock(reserve / 2)) {
     offs = detail::initial_offsets(inst);
     best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
   }

@@ -30,7 +30,8 @@ namespace renaissance::planner::detail {
 class Work {
  public:
   using Clock = std::chrono::steady_clock;
-  Work(std::uint64_t limit, Clock::time_point deadline) : limit_(limit), deadline_(deadline) {}
+  Work(std::uint64_t limit, Clock::time_point deadline)
+      : limit_(limit), deadline_(deadline), origin_(Clock::now()) {}
   Work(std::uint64_t limit, double cap_seconds)
       : Work(limit, Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double>(cap_seconds))) {}
@@ -52,10 +53,35 @@ class Work {
   }
   // True when the deadline (not the work count) stopped this budget.
   bool expired() const { return expired_; }
+  // Whether a step of about `units` that does not look at the clock (a
+  // rebuild, a sweep) can still end before the deadline, at the rate this
+  // budget (its ancestors included) has run at so far: wall seconds since
+  // the root budget began per unit counted. So a loaded machine (a slower
+  // rate) stops earlier, and the deadline is overrun by the error of that
+  // prediction, not by a whole step. A refusal is a clock stop: it is
+  // sticky and expired() reports it, as when the deadline passes.
+  bool fits_clock(std::uint64_t units) {
+    if (expired_) return false;
+    const Clock::time_point now = Clock::now();
+    const std::uint64_t total = base_ + used_;
+    const double elapsed = std::chrono::duration<double>(now - origin_).count();
+    const double predicted =
+        total == 0 ? 0.0 : elapsed * static_cast<double>(units) / static_cast<double>(total);
+    if (now + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(predicted)) <= deadline_) {
+      return true;
+    }
+    limit_ = used_;
+    expired_ = true;
+    return false;
+  }
+  // Both: the work count has `units` left and the clock fits them.
+  bool affords(std::uint64_t units) { return left() >= units && fits_clock(units); }
   // A budget of at most `units` out of what is left here, with the same
   // deadline; its use is charged back with absorb().
   Work child(std::uint64_t units) const {
     Work w(*this);
+    w.base_ = base_ + used_;
     w.used_ = 0;
     w.polls_ = 0;
     w.next_poll_ = kPollUnits;
@@ -85,6 +111,8 @@ class Work {
   std::uint64_t next_poll_ = kPollUnits;
   bool expired_ = false;
   Clock::time_point deadline_;
+  Clock::time_point origin_;  // when the root budget began
+  std::uint64_t base_ = 0;    // units the ancestors had used when this child was made
 };
 
 enum class Fit { kBest, kFirst };

@@ -40,7 +40,7 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
   // when the budget cannot pay for another one.
   std::uint64_t round_cost = 0;
   for (std::uint64_t round = 0; height > lower_bound; ++round) {
-    if (work.out() || (round_cost > 0 && work.left() < round_cost)) return;
+    if (work.out() || (round_cost > 0 && !work.affords(round_cost))) return;
     const std::uint64_t before = work.used();
     // The items defining the peak: their tops are within a small band of
     // the current height.
@@ -351,7 +351,12 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
     work.add(inst.pieces.size() * (4 + 2 * log_leaves) + 3 * leaves);
   };
   bool top_valid = false;  // top[] describes cur (recomputed only after cur changed)
-  while (height > lower_bound && !work.out()) {
+  // Units of the last round outside its sub-search (which looks at the
+  // clock): a round starts only when the clock fits that much.
+  std::uint64_t fixed_cost = 0;
+  while (height > lower_bound && !work.out() && work.fits_clock(fixed_cost)) {
+    const std::uint64_t round_start = work.used();
+    std::uint64_t searched = 0;
     if (!top_valid) {
       compute_top();
       top_valid = true;
@@ -491,8 +496,10 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
           top_valid = false;
         }
       }
+      searched = child.used();
       work.absorb(child);
     }
+    fixed_cost = work.used() - round_start - searched;
     if (progress) {
       failed.clear();
       stage = 0;
