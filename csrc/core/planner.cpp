@@ -62,17 +62,18 @@ constexpr double kFloorUnitsPerItem = 12;
 // of the work limit.
 constexpr double kSweepUnitsPerItem = 8;
 // The wall clock: the search stops at budget_seconds less an allowance for
-// what follows it (the final check, the last sweep): kTailSecondsPerItem *
-// N * log2(N + 2) (about 0.05 s for N = 100,000 on the reference machine,
-// four times that), or kTailPerBuild times the time the instance took to
-// build (the check's std::set is heavier than the build; on a loaded
-// machine both slow down alike), whichever is larger; with budget 0 (or an explicit clock_seconds), never
-// before kFloorClockFactor times the time the work floor stands for (so
-// budget 0 still gets its constructive passes).
-constexpr double kTailSecondsPerItem = 1.2e-7;
+// what follows it (the final check, the last sweep), in two parts: a fixed
+// one, kTailPerBuild times the time the instance took to build (at least
+// kTailSecondsMin), and kTailUnitsPerItem * N * log2(N + 2) units (the check
+// costs about 3 of them per N log N on the reference machine, the sweep
+// about 4) converted to seconds at the rate of wall time per unit seen so
+// far, so that on a loaded machine (a slower rate) the search stops
+// earlier; with budget 0 (or an explicit clock_seconds), never before
+// kFloorClockFactor times the time the work floor stands for (so budget 0
+// still gets its constructive passes).
+constexpr double kTailUnitsPerItem = 5;
 constexpr double kTailSecondsMin = 0.004;
-constexpr double kTailPerBuild = 4.0;
-constexpr double kSweepsPerBuild = 2.0;
+constexpr double kTailPerBuild = 1.0;
 constexpr double kFloorClockFactor = 2.0;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
@@ -294,16 +295,15 @@ Result make_result(const Problem& problem, const Instance& inst, const Best& bes
 // (returns false) once that is spent; then the items it placed, with the
 // rest placed by the sweep above them, and the sweep alone are offered
 // instead (planner_sweep.h; `reserve` is about their cost).
-// The wall clock is kept the same way: the baseline stops `reserve_seconds`
-// before the deadline.
+// The wall clock is kept the same way: the baseline keeps time for
+// `reserve` more units of tail (at the rate seen so far; Work::reserve_tail).
 bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t reserve,
-                double reserve_seconds, Best& best) {
+                std::uint64_t tail_units, Best& best) {
   std::vector<std::uint64_t> offs = detail::initial_offsets(inst);
   placer.reset(offs);
   std::uint64_t h = 0;
-  Work share = work.child(work.left() > reserve ? work.left() - reserve : 0,
-                          work.deadline() - std::chrono::duration_cast<Work::Clock::duration>(
-                                                std::chrono::duration<double>(reserve_seconds)));
+  Work share = work.child(work.left() > reserve ? work.left() - reserve : 0);
+  share.reserve_tail(tail_units + reserve);
   const bool done =
       placer.try_place(detail::make_order(inst, Order::kSize), offs, Fit::kBest, share, h);
   work.absorb(share);
@@ -399,7 +399,7 @@ Result greedy_by_size(const Problem& problem) {
   Placer placer(inst);
   Work work(std::numeric_limits<std::uint64_t>::max(), 1e9);
   Best best;
-  run_greedy(inst, placer, work, 0, 0.0, best);
+  run_greedy(inst, placer, work, 0, 0, best);
   Result r = make_result(problem, inst, best, 0);
   r.greedy_size = r.size;
   if (!sweep_check(problem, r.offsets).empty()) {
@@ -423,13 +423,17 @@ Result plan(const Problem& problem, const Options& options) {
   const double units =
       std::min(std::max(options.budget_seconds * kUnitsPerSecond, floor_units), 1e18);
   const auto limit = static_cast<std::uint64_t>(units);
-  // The tail costs about as much as building the instance did (both are
-  // sorts and sweeps over every piece), which also measures how slow (or
-  // loaded) this machine is right now: the allowance is the larger of the
-  // two estimates.
+  // The tail (the final check, a last sweep) is kept in two parts: the
+  // deadline is kTailPerBuild times what building the instance took before
+  // the budget's end (both sort and sweep every piece, and the build shows
+  // how slow, or loaded, the machine is right now), and every phase keeps
+  // time for kTailUnitsPerItem * N log N units more at the rate of wall time
+  // per unit seen so far (Work::reserve_tail), so that it adapts to the
+  // load as the search goes.
   const double build_seconds = seconds_since(t0);
-  const double tail = std::max({kTailSecondsMin, kTailSecondsPerItem * items * std::log2(items + 2),
-                                kTailPerBuild * build_seconds});
+  const double tail = std::max(kTailSecondsMin, kTailPerBuild * build_seconds);
+  const auto tail_units =
+      static_cast<std::uint64_t>(kTailUnitsPerItem * items * std::log2(items + 2));
   const double wall = options.clock_seconds < 0 ? options.budget_seconds : options.clock_seconds;
   // A deadline a century away stands for "no clock" (+infinity).
   // Budget 0 keeps the constructive passes of the work floor; any other
@@ -441,6 +445,7 @@ Result plan(const Problem& problem, const Options& options) {
       3.15e9);
   Work work(limit, t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(clock)));
+  work.reserve_tail(tail_units);
   // First LOAD and the fixed top (with obstacles merged: the cheap part of
   // planner_bound.h, on an empty budget).
   const detail::ObstacleMap map(inst);
@@ -455,10 +460,7 @@ Result plan(const Problem& problem, const Options& options) {
   Best best;
   const auto reserve =
       static_cast<std::uint64_t>(kSweepUnitsPerItem * items * std::log2(items + 2));
-  // The fallback's two sweeps cost about twice what building the instance
-  // did (both sort and sweep every piece).
-  const bool greedy_done =
-      run_greedy(inst, placer, work, reserve, kSweepsPerBuild * build_seconds, best);
+  const bool greedy_done = run_greedy(inst, placer, work, reserve, tail_units, best);
   const std::uint64_t greedy_height = greedy_done ? best.height : 0;
   work.absorb(no_work);
   std::vector<std::uint64_t> offs;

@@ -38,19 +38,20 @@ class Work {
   void add(std::uint64_t units) { used_ += units; }
   std::uint64_t used() const { return used_; }
   std::uint64_t left() const { return used_ >= limit_ ? 0 : limit_ - used_; }
-  // True once the work count is spent or the deadline passed.
+  // True once the work count is spent, or the deadline passed or is too
+  // near for the reserved tail (see reserve_tail()).
   bool out() {
     if (used_ >= limit_) return true;
     if (used_ >= next_poll_ || ++polls_ % 64 == 0) {
       next_poll_ = used_ + kPollUnits;
-      if (Clock::now() > deadline_) {
-        limit_ = used_;  // sticky
-        expired_ = true;
-        return true;
-      }
+      if (!fits_clock(0)) return true;
     }
     return false;
   }
+  // Keeps time before the deadline for `units` of work that follows this
+  // budget and does not look at the clock (the final check, a fallback
+  // sweep), at the rate seen so far (see fits_clock()). Children inherit it.
+  void reserve_tail(std::uint64_t units) { tail_units_ = units; }
   // True when the deadline (not the work count) stopped this budget.
   bool expired() const { return expired_; }
   // Whether a step of about `units` that does not look at the clock (a
@@ -65,8 +66,12 @@ class Work {
     const Clock::time_point now = Clock::now();
     const std::uint64_t total = base_ + used_;
     const double elapsed = std::chrono::duration<double>(now - origin_).count();
+    // Before kRateUnits have been counted the rate is not known yet: only
+    // the deadline itself counts.
     const double predicted =
-        total == 0 ? 0.0 : elapsed * static_cast<double>(units) / static_cast<double>(total);
+        total < kRateUnits ? 0.0
+                           : elapsed * static_cast<double>(units + tail_units_) /
+                                 static_cast<double>(total);
     if (now + std::chrono::duration_cast<Clock::duration>(
                   std::chrono::duration<double>(predicted)) <= deadline_) {
       return true;
@@ -105,6 +110,7 @@ class Work {
 
  private:
   static constexpr std::uint64_t kPollUnits = std::uint64_t{1} << 16;  // about 0.4 ms
+  static constexpr std::uint64_t kRateUnits = std::uint64_t{1} << 20;  // about 6 ms
   std::uint64_t used_ = 0;
   std::uint64_t limit_;
   std::uint64_t polls_ = 0;
@@ -113,6 +119,7 @@ class Work {
   Clock::time_point deadline_;
   Clock::time_point origin_;  // when the root budget began
   std::uint64_t base_ = 0;    // units the ancestors had used when this child was made
+  std::uint64_t tail_units_ = 0;  // work after this budget that the deadline must leave time for
 };
 
 enum class Fit { kBest, kFirst };
