@@ -312,12 +312,13 @@ bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t 
     return true;
   }
   work.add(reserve);
-  // Both fallbacks when there is time; past the deadline only one: the
+  // Both fallbacks when there is time (the baseline stopped early enough
+  // for them, unless the machine slowed down since); else only one: the
   // baseline completed by the sweep when the baseline placed most items,
   // else the sweep alone.
   std::size_t placed = 0;
   for (std::uint32_t i = 0; i < inst.num_free; ++i) placed += offs[i] != kUnplaced;
-  const bool late = share.expired();
+  const bool late = share.expired() && !work.time_for(reserve);
   if (!late || 2 * placed >= inst.num_free) {
     best.offer(detail::sweep_best_fit_above(inst, detail::height(inst, offs), offs), offs,
                "greedy_by_size_then_sweep");

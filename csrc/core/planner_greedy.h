@@ -63,6 +63,14 @@ class Work {
   // sticky and expired() reports it, as when the deadline passes.
   bool fits_clock(std::uint64_t units) {
     if (expired_) return false;
+    if (time_for(units)) return true;
+    limit_ = used_;
+    expired_ = true;
+    return false;
+  }
+  // The prediction alone (see fits_clock()), whether or not this budget
+  // has expired; changes nothing.
+  bool time_for(std::uint64_t units) const {
     const Clock::time_point now = Clock::now();
     const std::uint64_t total = base_ + used_;
     const double elapsed = std::chrono::duration<double>(now - origin_).count();
@@ -72,13 +80,8 @@ class Work {
         total < kRateUnits ? 0.0
                            : elapsed * static_cast<double>(units + tail_units_) /
                                  static_cast<double>(total);
-    if (now + std::chrono::duration_cast<Clock::duration>(
-                  std::chrono::duration<double>(predicted)) <= deadline_) {
-      return true;
-    }
-    limit_ = used_;
-    expired_ = true;
-    return false;
+    return now + std::chrono::duration_cast<Clock::duration>(
+                     std::chrono::duration<double>(predicted)) <= deadline_;
   }
   // Both: the work count has `units` left and the clock fits them.
   bool affords(std::uint64_t units) { return left() >= units && fits_clock(units); }
