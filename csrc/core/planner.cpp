@@ -318,7 +318,7 @@ bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t 
   // else the sweep alone.
   std::size_t placed = 0;
   for (std::uint32_t i = 0; i < inst.num_free; ++i) placed += offs[i] != kUnplaced;
-  const bool late = share.expired() && !work.time_for(reserve);
+  const bool late = share.expired() && !work.time_for(2 * reserve);  // a margin of 2
   if (!late || 2 * placed >= inst.num_free) {
     best.offer(detail::sweep_best_fit_above(inst, detail::height(inst, offs), offs), offs,
                "greedy_by_size_then_sweep");
