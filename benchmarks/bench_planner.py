@@ -1,5 +1,6 @@
 """Planner quality and time: every reference trace in ../shared/data/traces and
-seeded synthetic training steps (torch_renaissance.synthetic), against LOAD
+seeded generated instances (torch_renaissance.synthetic: training steps, SOMAS-style
+compiler graphs, XLA/IOPDDL-style buffers), against LOAD
 and greedy by size (the TFLite/XLA baseline).
 
 For each instance: buffers, LOAD, greedy by size, torch_renaissance's plan
@@ -29,11 +30,15 @@ from _common import data_dir, git_rev, machine, table
 
 from torch_renaissance import trace as T
 from torch_renaissance.planner import plan_lifetimes, validate
-from torch_renaissance.synthetic import training_step
+from torch_renaissance.synthetic import somas_graph, training_step, xla_buffers
 
 #: Synthetic steps: (about how many buffers, seed). Sizes and seeds are in docs/benchmarks.md.
 SYNTHETIC = [(1_000, 1), (3_000, 2), (10_000, 3), (30_000, 4), (100_000, 5), (10_000, 6),
              (30_000, 7)]
+#: More generated instances, three kinds at 10k-60k buffers (issue 12: the sizes where the
+#: improvement phases gave up): (generator, about how many buffers, seed).
+GENERATED = [(g, n, seed) for g in (training_step, somas_graph, xla_buffers)
+             for n, seed in ((10_000, 11), (30_000, 12), (60_000, 13))]
 MINIMALLOC_CAPACITY = 1_048_576
 
 
@@ -57,6 +62,9 @@ def instances(quick: bool):
     for n, seed in SYNTHETIC[:3] if quick else SYNTHETIC:
         lt = training_step(n, seed)
         out.append((f"synthetic_{n // 1000}k_s{seed} ({len(lt)})", "synthetic", lt, None))
+    for gen, n, seed in GENERATED[:1] if quick else GENERATED:
+        lt = gen(n, seed)
+        out.append((f"{gen.__name__}_{n // 1000}k_s{seed} ({len(lt)})", "generated", lt, None))
     return out
 
 
@@ -119,7 +127,7 @@ def main() -> int:
     print(table(["instance", "kind", "buffers", "LOAD", "greedy by size", "torch_renaissance",
                  "optimal", "PyTorch peak reserved", "time (budget)", "stopped by", "method"], rows))
     if not args.wall_only:
-        print(f"\nworst plan/LOAD, snapshots+SOMAS+IOPDDL+synthetic: {worst['1s']:.4f} "
+        print(f"\nworst plan/LOAD, snapshots+SOMAS+IOPDDL+synthetic+generated: {worst['1s']:.4f} "
               f"(target 1.005); worst time over budget {worst['time_1s'] - 1:+.2f} s (budgets "
               f"1 s, 2 s from 50k buffers)")
         print(f"MiniMalloc at 1 s: worst plan/LOAD {worst['mm1']:.4f} (target 1.02); at 10 s, "

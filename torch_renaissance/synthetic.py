@@ -166,3 +166,126 @@ def training_step(buffers: int = 10_000, seed: int = 0) -> List[Tuple[int, int, 
     for h in list(live):
         free(h)
     return out
+
+
+def _check(buffers: int) -> None:
+    if not 1_000 <= buffers <= 200_000:
+        raise ValueError(f"buffers must be in [1000, 200000], got {buffers}")
+
+
+def somas_graph(buffers: int = 10_000, seed: int = 0) -> List[Tuple[int, int, int]]:
+    """A static compiler graph's tensors as a SOMAS-style planner sees them.
+
+    MindSpore's SOMAS plans every tensor of one compiled training graph, in
+    execution order: one tick per op. This generator walks a chain of blocks
+    (a residual CNN stage or an encoder layer, drawn per model from the seed):
+
+    * each op's output lives until its last consumer (the next op, or a few
+      ops later for a residual branch);
+    * about half of the forward outputs are also needed by the op's gradient,
+      so they live until that gradient runs (backward visits the ops in
+      reverse);
+    * ops get workspace buffers that live for the op alone, and tiny
+      tensors (shapes, scalars: 4 to 64 bytes) that SOMAS keeps apart from
+      the large ones;
+    * weight gradients live from their op's gradient to the end (the
+      optimizer).
+
+    Sizes are multiples of 32 bytes (SOMAS' alignment) except the tiny ones.
+
+    Args:
+        buffers: about how many tensors (1,000 to 200,000; within about 15%).
+        seed: picks the model (widths, batch) and the per-op variations.
+
+    Returns:
+        list of ``(size_bytes, lower, upper)``, lifetime ``[lower, upper)`` in ticks.
+
+    Raises:
+        ValueError: ``buffers`` outside [1,000, 200,000].
+    """
+    _check(buffers)
+    rng = random.Random(seed)
+    batch = rng.choice([8, 16, 32, 64])
+    width = rng.choice([256, 512, 768, 1024])
+    spatial = rng.choice([64, 196, 512, 784])
+    elem = rng.choice([2, 4])
+
+    def a32(n: int) -> int:
+        return max(32, -(-int(n) // 32) * 32)
+
+    out: List[Tuple[int, int, int]] = []
+    ops = []  # forward ops: (tick, output size, saved for backward)
+    t = 0
+    n_ops = max(8, round(buffers / 3.95))  # about 3.95 tensors an op (see below)
+    for k in range(n_ops):
+        scale = rng.choice([1, 1, 1, 2, 4, 0.5, 0.25])
+        size = a32(batch * spatial * width * elem * scale / rng.choice([1, 1, 2, 4, 8]))
+        consumer = t + 1 + (rng.randint(2, 9) if rng.random() < 0.15 else 0)
+        saved = rng.random() < 0.5
+        ops.append((t, size, saved, consumer))
+        if rng.random() < 0.4:
+            out.append((a32(size * rng.choice([0.25, 0.5, 1])), t, t + 1))  # workspace
+        for _ in range(rng.randint(0, 2)):
+            out.append((rng.choice([4, 8, 16, 64]), t, t + rng.randint(1, 3)))  # shapes, scalars
+        t += 1
+    turn = t
+    back_tick = {}
+    for k in reversed(range(n_ops)):
+        back_tick[k] = t
+        t += 1
+    end = t + 1
+    for k, (tick, size, saved, consumer) in enumerate(ops):
+        upper = min(consumer, turn) + 1
+        if saved:
+            upper = back_tick[k] + 1
+        out.append((size, tick, max(upper, tick + 1)))
+        bt = back_tick[k]
+        out.append((size, bt, bt + 2))  # gradient of the output, consumed by the next grad op
+        if rng.random() < 0.3:
+            out.append((a32(size * rng.choice([0.5, 1, 2])), bt, bt + 1))  # grad workspace
+        if rng.random() < 0.25:
+            out.append((a32(width * width * elem * rng.choice([1, 3, 4])), bt, end))  # weight grad
+    return out
+
+
+def xla_buffers(buffers: int = 10_000, seed: int = 0) -> List[Tuple[int, int, int]]:
+    """Buffers of an XLA-style partitioned program, shaped like IOPDDL instances.
+
+    The IOPDDL benchmark's memory instances are the buffer live ranges of
+    large sharded programs: most buffers are short-lived op outputs (a few
+    instructions), a minority live for a long, heavy-tailed time (parameters
+    and optimizer slices, activations kept for backward, loop-carried state);
+    sizes come from a few dozen distinct tensor shapes, many of them a power
+    of two plus a small header, spread over six orders of magnitude.
+
+    Args:
+        buffers: how many buffers (1,000 to 200,000).
+        seed: picks the shape vocabulary and every draw.
+
+    Returns:
+        list of ``(size_bytes, lower, upper)``, lifetime ``[lower, upper)`` in ticks.
+
+    Raises:
+        ValueError: ``buffers`` outside [1,000, 200,000].
+    """
+    _check(buffers)
+    rng = random.Random(seed)
+    shapes = sorted({(1 << rng.randint(8, 27)) * rng.choice([1, 1, 3, 5]) + rng.choice([0, 0, 1, 64])
+                     for _ in range(rng.randint(40, 110))})
+    weights = [1.0 / (1 + i) ** 0.7 for i in range(len(shapes))]
+    rng.shuffle(weights)
+    horizon = int(buffers * rng.uniform(1.2, 1.8))
+    out: List[Tuple[int, int, int]] = []
+    for _ in range(buffers):
+        size = rng.choices(shapes, weights)[0]
+        u = rng.random()
+        if u < 0.7:
+            length = rng.randint(1, 8)
+        elif u < 0.93:
+            length = int(rng.paretovariate(1.1) * 20)
+        else:
+            length = int(rng.uniform(0.05, 0.6) * horizon)
+        lower = rng.randrange(0, horizon)
+        upper = min(horizon, lower + max(1, length))
+        out.append((size, lower, upper))
+    return out

@@ -62,17 +62,18 @@ constexpr double kFloorUnitsPerItem = 12;
 // of the work limit.
 constexpr double kSweepUnitsPerItem = 8;
 // The wall clock: the search stops at budget_seconds less an allowance for
-// what follows it (the final check, the last sweep): kTailSecondsPerItem *
-// N * log2(N + 2) (about 0.05 s for N = 100,000 on the reference machine,
-// four times that), or kTailPerBuild times the time the instance took to
-// build (the check's std::set is heavier than the build; on a loaded
-// machine both slow down alike), whichever is larger; with budget 0 (or an explicit clock_seconds), never
-// before kFloorClockFactor times the time the work floor stands for (so
-// budget 0 still gets its constructive passes).
-constexpr double kTailSecondsPerItem = 1.2e-7;
+// what follows it (the final check, the last sweep), in two parts: a fixed
+// one, kTailPerBuild times the time the instance took to build (at least
+// kTailSecondsMin), and kTailUnitsPerItem * N * log2(N + 2) units (the check
+// costs about 3 of them per N log N on the reference machine, the sweep
+// about 4) converted to seconds at the rate of wall time per unit seen so
+// far, so that on a loaded machine (a slower rate) the search stops
+// earlier; with budget 0 (or an explicit clock_seconds), never before
+// kFloorClockFactor times the time the work floor stands for (so budget 0
+// still gets its constructive passes).
+constexpr double kTailUnitsPerItem = 5;
 constexpr double kTailSecondsMin = 0.004;
-constexpr double kTailPerBuild = 4.0;
-constexpr double kSweepsPerBuild = 2.0;
+constexpr double kTailPerBuild = 1.0;
 constexpr double kFloorClockFactor = 2.0;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
@@ -90,6 +91,10 @@ constexpr std::uint32_t kRepairMaxItems = 20000;
 // the constructive passes) that the branch and bound gets; the peak repair
 // by sub-search (planner_improve.h) gets the rest.
 constexpr double kObstacleSearchShare = 0.5;
+// Without obstacles and too large for the search, the share of the budget
+// left after the constructive passes that ruin and recreate (improve()) gets;
+// the peak repair by sub-search gets the rest.
+constexpr double kImproveShare = 0.3;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -290,16 +295,15 @@ Result make_result(const Problem& problem, const Instance& inst, const Best& bes
 // (returns false) once that is spent; then the items it placed, with the
 // rest placed by the sweep above them, and the sweep alone are offered
 // instead (planner_sweep.h; `reserve` is about their cost).
-// The wall clock is kept the same way: the baseline stops `reserve_seconds`
-// before the deadline.
+// The wall clock is kept the same way: the baseline keeps time for
+// `reserve` more units of tail (at the rate seen so far; Work::reserve_tail).
 bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t reserve,
-                double reserve_seconds, Best& best) {
+                std::uint64_t tail_units, Best& best) {
   std::vector<std::uint64_t> offs = detail::initial_offsets(inst);
   placer.reset(offs);
   std::uint64_t h = 0;
-  Work share = work.child(work.left() > reserve ? work.left() - reserve : 0,
-                          work.deadline() - std::chrono::duration_cast<Work::Clock::duration>(
-                                                std::chrono::duration<double>(reserve_seconds)));
+  Work share = work.child(work.left() > reserve ? work.left() - reserve : 0);
+  share.reserve_tail(tail_units + reserve);
   const bool done =
       placer.try_place(detail::make_order(inst, Order::kSize), offs, Fit::kBest, share, h);
   work.absorb(share);
@@ -308,12 +312,13 @@ bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t 
     return true;
   }
   work.add(reserve);
-  // Both fallbacks when there is time; past the deadline only one: the
+  // Both fallbacks when there is time (the baseline stopped early enough
+  // for them, unless the machine slowed down since); else only one: the
   // baseline completed by the sweep when the baseline placed most items,
   // else the sweep alone.
   std::size_t placed = 0;
   for (std::uint32_t i = 0; i < inst.num_free; ++i) placed += offs[i] != kUnplaced;
-  const bool late = share.expired();
+  const bool late = share.expired() && !work.time_for(2 * reserve);  // a margin of 2
   if (!late || 2 * placed >= inst.num_free) {
     best.offer(detail::sweep_best_fit_above(inst, detail::height(inst, offs), offs), offs,
                "greedy_by_size_then_sweep");
@@ -395,7 +400,7 @@ Result greedy_by_size(const Problem& problem) {
   Placer placer(inst);
   Work work(std::numeric_limits<std::uint64_t>::max(), 1e9);
   Best best;
-  run_greedy(inst, placer, work, 0, 0.0, best);
+  run_greedy(inst, placer, work, 0, 0, best);
   Result r = make_result(problem, inst, best, 0);
   r.greedy_size = r.size;
   if (!sweep_check(problem, r.offsets).empty()) {
@@ -419,13 +424,17 @@ Result plan(const Problem& problem, const Options& options) {
   const double units =
       std::min(std::max(options.budget_seconds * kUnitsPerSecond, floor_units), 1e18);
   const auto limit = static_cast<std::uint64_t>(units);
-  // The tail costs about as much as building the instance did (both are
-  // sorts and sweeps over every piece), which also measures how slow (or
-  // loaded) this machine is right now: the allowance is the larger of the
-  // two estimates.
+  // The tail (the final check, a last sweep) is kept in two parts: the
+  // deadline is kTailPerBuild times what building the instance took before
+  // the budget's end (both sort and sweep every piece, and the build shows
+  // how slow, or loaded, the machine is right now), and every phase keeps
+  // time for kTailUnitsPerItem * N log N units more at the rate of wall time
+  // per unit seen so far (Work::reserve_tail), so that it adapts to the
+  // load as the search goes.
   const double build_seconds = seconds_since(t0);
-  const double tail = std::max({kTailSecondsMin, kTailSecondsPerItem * items * std::log2(items + 2),
-                                kTailPerBuild * build_seconds});
+  const double tail = std::max(kTailSecondsMin, kTailPerBuild * build_seconds);
+  const auto tail_units =
+      static_cast<std::uint64_t>(kTailUnitsPerItem * items * std::log2(items + 2));
   const double wall = options.clock_seconds < 0 ? options.budget_seconds : options.clock_seconds;
   // A deadline a century away stands for "no clock" (+infinity).
   // Budget 0 keeps the constructive passes of the work floor; any other
@@ -437,6 +446,7 @@ Result plan(const Problem& problem, const Options& options) {
       3.15e9);
   Work work(limit, t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(clock)));
+  work.reserve_tail(tail_units);
   // First LOAD and the fixed top (with obstacles merged: the cheap part of
   // planner_bound.h, on an empty budget).
   const detail::ObstacleMap map(inst);
@@ -451,10 +461,7 @@ Result plan(const Problem& problem, const Options& options) {
   Best best;
   const auto reserve =
       static_cast<std::uint64_t>(kSweepUnitsPerItem * items * std::log2(items + 2));
-  // The fallback's two sweeps cost about twice what building the instance
-  // did (both sort and sweep every piece).
-  const bool greedy_done =
-      run_greedy(inst, placer, work, reserve, kSweepsPerBuild * build_seconds, best);
+  const bool greedy_done = run_greedy(inst, placer, work, reserve, tail_units, best);
   const std::uint64_t greedy_height = greedy_done ? best.height : 0;
   work.absorb(no_work);
   std::vector<std::uint64_t> offs;
@@ -523,19 +530,30 @@ Result plan(const Problem& problem, const Options& options) {
       }
       detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                            best.method);
-    } else {
-      if (search) {
-        detail::search_small(inst, map, lower_bound, options.seed, work, best.height, best.offsets,
-                             best.method);
-      }
+    } else if (search) {
+      detail::search_small(inst, map, lower_bound, options.seed, work, best.height, best.offsets,
+                           best.method);
       detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,
                       best.method);
+    } else {
+      // Too large for the search over the whole instance: ruin and
+      // recreate over the whole plan first, then the peak repair by
+      // sub-search (windows at the peak, each solved with everything else
+      // fixed) on the rest.
+      Work first =
+          work.child(static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
+      detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
+                      best.method);
+      work.absorb(first);
+      detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                           best.method);
     }
   }
 
   // The sweep is cheap (O(N log N)) and now and then lower than every pass
   // (long, interleaved lifetimes): it replaces the plan when strictly lower.
-  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound && !work.expired()) {
+  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound && !work.expired() &&
+      work.fits_clock(reserve / 2)) {
     offs = detail::initial_offsets(inst);
     best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
   }

@@ -122,16 +122,19 @@ Result greedy_by_size(const Problem& problem);
 // (planner_bound.h).
 //
 // Wall time: the heuristics and the search stop at the work count or at
-// budget_seconds - t_tail after the call began, whichever comes first
-// (budget 0: at 2 * t_floor, t_floor the time the work floor of Options
-// stands for, so that the constructive passes run); t_tail is an allowance
-// for the part no budget can skip (the final validity check and the
-// fallback sweep, O(N log N): about 0.05 s for N = 100,000 on the
-// reference machine, scaled by how long the instance took to build; see
-// planner.cpp). So plan() returns within about budget_seconds: in most runs
-// within 0.1 s more on the benchmark's instances, even on a loaded machine,
-// though a process the machine does not schedule cannot look at the clock
-// (docs/benchmarks.md has the measured overruns). When the baseline cannot finish within
+// the wall clock, whichever comes first. The clock stops them early enough
+// for the part no budget can skip (the final validity check, a fallback
+// sweep; O(N log N)): one build time of the instance before budget_seconds,
+// and every phase keeps time for the check's and a sweep's work units at
+// the rate of wall time per unit seen so far, and starts a step that does
+// not look at the clock only when that rate says it ends in time (budget 0:
+// at 2 * t_floor, t_floor the time the work floor of Options stands for, so
+// that the constructive passes run). So plan() returns within about
+// budget_seconds, on a loaded machine too; what it cannot skip (building
+// the instance, one sweep, the check: about 0.09 s of CPU for N = 100,000
+// on the reference machine) overruns a budget smaller than that, or a
+// process the machine gives a small share of a core (docs/benchmarks.md
+// has the measured overruns). When the baseline cannot finish within
 // its budget (large instances), the buffers it placed are kept and the rest
 // placed by a sweep over time, or a sweep places all of them, whichever is
 // lower (planner_sweep.h: O(N log N)); Result::greedy_size is then 0.

@@ -17,6 +17,7 @@
 #include "core/planner_improve.h"
 
 #include <algorithm>
+#include <functional>
 #include <tuple>
 
 #include "core/planner_bound.h"
@@ -39,7 +40,7 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
   // when the budget cannot pay for another one.
   std::uint64_t round_cost = 0;
   for (std::uint64_t round = 0; height > lower_bound; ++round) {
-    if (work.out() || (round_cost > 0 && work.left() < round_cost)) return;
+    if (work.out() || (round_cost > 0 && !work.affords(round_cost))) return;
     const std::uint64_t before = work.used();
     // The items defining the peak: their tops are within a small band of
     // the current height.
@@ -109,6 +110,14 @@ namespace {
 
 // Sub-problems over more buffers than this are cut down (see repair_peaks).
 constexpr std::uint32_t kMaxFreed = 320;
+// Sub-problems up to this many buffers get the canonical search after the
+// best-fit passes.
+constexpr std::uint32_t kSearchFreed = 1500;
+// A sub-problem keeps at most this many obstacles per freed buffer (the
+// floor rises until it does; see make_sub).
+constexpr std::size_t kObstaclesPerFreed = 8;
+// Each sub-problem gets at most this fraction of what is left.
+constexpr std::uint64_t kSlices = 6;
 // Neighbourhoods, from small to large: the peak ticks are those where the
 // plan's top is within `band` (a fraction of the height) of the height, then
 // widened by `radius` (a fraction of the ticks) on each side.
@@ -152,6 +161,7 @@ bool tick_lifetime(const Instance& inst, std::uint32_t item, std::int64_t& lower
 struct SubProblem {
   Problem problem;
   std::vector<std::uint32_t> items;  // sub buffer k -> instance item
+  std::uint64_t floor = 0;           // sub offset 0 is this instance offset
 };
 
 // The sub-problem freeing the items marked in `freed`: everything else that
@@ -161,7 +171,9 @@ struct SubProblem {
 // around it without changing which placements are valid (and obstacles that
 // become equal are merged).
 SubProblem make_sub(const Instance& inst, const std::vector<std::uint64_t>& offsets,
-                    const std::vector<char>& freed, std::vector<std::int32_t>& cuts) {
+                    const std::vector<char>& freed, std::uint64_t ceiling,
+                    std::uint64_t floor_cap, std::size_t max_obstacles,
+                    std::vector<std::int32_t>& cuts) {
   SubProblem sub;
   sub.problem.period = inst.multi_piece ? inst.ticks : 0;
   cuts.clear();
@@ -206,13 +218,44 @@ SubProblem make_sub(const Instance& inst, const std::vector<std::uint64_t>& offs
       while (a < b && !live[a]) ++a;
       while (b > a && !live[b - 1]) --b;
       if (a >= b || cuts[a] >= p.hi || cuts[b] <= p.lo) continue;
+      // Clipped at the ceiling: a sub-plan is only used when every freed
+      // item ends at or below it, and such an item meets the clipped
+      // obstacle exactly when it meets the whole one.
+      if (offsets[i] >= ceiling) continue;
       FixedBuffer f;
       f.offset = offsets[i];
-      f.size = inst.size[i];
+      f.size = std::min(inst.size[i], ceiling - offsets[i]);
       f.lower = cuts[a];
       f.upper = cuts[b];
       sub.problem.fixed.push_back(f);
     }
+  }
+  // The floor: the freed items stay at or above it (sub offsets are
+  // relative to it), so the obstacles ending at or below it drop out and
+  // the rest are clipped to start at it. It is the lowest level that leaves
+  // at most max_obstacles of them, and never above floor_cap (the lowest
+  // freed offset, so the current placement stays possible).
+  std::uint64_t floor = 0;
+  std::vector<FixedBuffer>& fixed = sub.problem.fixed;
+  if (fixed.size() > max_obstacles && max_obstacles > 0) {
+    std::vector<std::uint64_t> ends(fixed.size());
+    for (std::size_t k = 0; k < fixed.size(); ++k) ends[k] = fixed[k].offset + fixed[k].size;
+    std::nth_element(ends.begin(), ends.begin() + static_cast<std::ptrdiff_t>(max_obstacles - 1),
+                     ends.end(), std::greater<std::uint64_t>());
+    floor = std::min(floor_cap, ends[max_obstacles - 1]);
+  }
+  sub.floor = floor;
+  if (floor > 0) {
+    std::size_t w = 0;
+    for (const FixedBuffer& f0 : fixed) {
+      const std::uint64_t end = f0.offset + f0.size;
+      if (end <= floor) continue;
+      FixedBuffer f = f0;
+      f.offset = std::max(f.offset, floor) - floor;
+      f.size = end - floor - f.offset;
+      fixed[w++] = f;
+    }
+    fixed.resize(w);
   }
   auto key = [](const FixedBuffer& f) {
     return std::make_tuple(f.lower, f.upper, f.offset, f.size);
@@ -253,6 +296,7 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
   std::vector<std::uint32_t> sum(static_cast<std::size_t>(T) + 1);
   std::vector<char> hot(static_cast<std::size_t>(T)), window(hot.size());
   std::vector<std::int32_t> cuts, runs;
+  std::vector<std::uint32_t> chosen;
   std::vector<char> freed(n);
   std::vector<std::uint64_t> cur = offsets, sub_offs, offs;
   std::vector<std::uint64_t> failed;  // freed sets that gave nothing at this height
@@ -275,10 +319,12 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
     work.add(static_cast<std::uint64_t>(T) + 2 * n);
     return count;
   };
-  while (height > lower_bound && !work.out()) {
-    // The plan's top per tick: each piece raises the canonical nodes of its
-    // ticks in a bottom-up segment tree, then the maxima are pushed down to
-    // the leaves (O(pieces log T + T), whatever the lifetimes' lengths).
+  std::uint32_t log_leaves = 0;
+  while ((std::size_t{1} << log_leaves) < leaves) ++log_leaves;
+  // The plan's top per tick: each piece raises the canonical nodes of its
+  // ticks in a bottom-up segment tree, then the maxima are pushed down to
+  // the leaves (O(pieces log T + T), whatever the lifetimes' lengths).
+  auto compute_top = [&]() {
     std::fill(tags.begin(), tags.end(), 0);
     for (std::uint32_t i = 0; i < inst.num_items; ++i) {
       const std::uint64_t end = cur[i] + inst.size[i];
@@ -302,7 +348,19 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
       tags[2 * v + 1] = std::max(tags[2 * v + 1], tags[v]);
     }
     for (std::int32_t t = 0; t < T; ++t) top[t] = tags[leaves + static_cast<std::size_t>(t)];
-    work.add(inst.pieces.size() * 8 + 3 * leaves);
+    work.add(inst.pieces.size() * (4 + 2 * log_leaves) + 3 * leaves);
+  };
+  bool top_valid = false;  // top[] describes cur (recomputed only after cur changed)
+  // Units of the last round outside its sub-search (which looks at the
+  // clock): a round starts only when the clock fits that much.
+  std::uint64_t fixed_cost = 0;
+  while (height > lower_bound && !work.out() && work.fits_clock(fixed_cost)) {
+    const std::uint64_t round_start = work.used();
+    std::uint64_t searched = 0;
+    if (!top_valid) {
+      compute_top();
+      top_valid = true;
+    }
     // The freed set: every item live in the window of this stage; too many,
     // and it is cut to one run of the window, then to one hot tick of it.
     const Stage& st = kStages[stage];
@@ -328,12 +386,24 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
       while (b < T && window[b]) ++b;
       count = free_at(window, a, b);
       if (count > kMaxFreed) {
-        runs.clear();
-        for (std::int32_t t = a; t < b; ++t) {
-          if (hot[t]) runs.push_back(t);
+        // Still too many: the top of the column over that run, the items
+        // with the highest tops.
+        chosen.clear();
+        for (std::uint32_t i = 0; i < n; ++i) {
+          if (freed[i]) chosen.push_back(i);
         }
-        const std::int32_t t = runs.empty() ? a : runs[mix(rng) % runs.size()];
-        count = free_at(window, t, t + 1);
+        auto higher = [&](std::uint32_t x, std::uint32_t y) {
+          const std::uint64_t tx = cur[x] + inst.size[x], ty = cur[y] + inst.size[y];
+          return tx != ty ? tx > ty : x < y;
+        };
+        // How many: from a quarter of kMaxFreed to all of it, drawn, so
+        // that rounds on the same run free different stacks.
+        const std::size_t keep = kMaxFreed / 4 + mix(rng) % (kMaxFreed - kMaxFreed / 4 + 1);
+        std::partial_sort(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(keep),
+                          chosen.end(), higher);
+        for (std::size_t k = keep; k < chosen.size(); ++k) freed[chosen[k]] = 0;
+        count = static_cast<std::uint32_t>(std::min(keep, chosen.size()));
+        work.add(4 * chosen.size() + 16);
       }
     }
     // A freed set that already failed at this height is skipped (until every
@@ -349,26 +419,54 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
     }
     skipped = 0;
     bool progress = false;
-    if (count >= 2) {
-      const SubProblem sub = make_sub(inst, cur, freed, cuts);
+    // The freed items' highest top now: a sub-plan is kept when it is
+    // strictly lower (every freed item ends at or below `ceiling`), so the
+    // obstacles above the ceiling drop out (see make_sub).
+    std::uint64_t region_top = 0;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (freed[i]) region_top = std::max(region_top, cur[i] + inst.size[i]);
+    }
+    work.add(n);
+    if (count >= 2 && region_top > 0) {
+      const std::uint64_t ceiling = region_top - 1;
+      std::uint64_t lowest = kUnplaced;
+      for (std::uint32_t i = 0; i < n; ++i) {
+        if (freed[i]) lowest = std::min(lowest, cur[i]);
+      }
+      const SubProblem sub = make_sub(inst, cur, freed, ceiling, lowest,
+                                      kObstaclesPerFreed * count, cuts);
+      const std::uint64_t base = sub.floor;
       const Instance sub_inst(sub.problem);
-      work.add(8 * (sub.problem.buffers.size() + sub.problem.fixed.size()) +
+      // Building it: make_sub walks every item (a few binary searches
+      // each), the Instance sorts the sub-problem's pieces, and the
+      // obstacle map copies the live obstacles at every tick where they
+      // change (at most their summed lengths).
+      std::uint64_t obstacle_ticks = 0;
+      for (std::uint32_t k = sub_inst.piece_begin[sub_inst.num_free]; k < sub_inst.pieces.size();
+           ++k) {
+        obstacle_ticks += static_cast<std::uint64_t>(sub_inst.pieces[k].hi - sub_inst.pieces[k].lo);
+      }
+      work.add(24 * static_cast<std::uint64_t>(inst.num_items) + 4 * cuts.size() +
+               80 * static_cast<std::uint64_t>(sub_inst.num_items) +
+               std::min<std::uint64_t>(obstacle_ticks, std::uint64_t{1} << 21) +
                static_cast<std::uint64_t>(T));
       // A slice of what is left; the search stops earlier when it reaches
       // the sub-problem's bound.
-      Work child = work.child(std::max<std::uint64_t>(work.left() / 6, 4000000));
+      Work child = work.child(std::max<std::uint64_t>(work.left() / kSlices, 4000000));
       const ObstacleMap sub_map(sub_inst);
       std::uint64_t sub_lb = detail::lower_bound(sub_inst, sub_map, &child);
-      if (sub_lb < height) {
+      if (sub_lb + base < region_top) {
+        // The current placement of the freed items, at region_top (above
+        // the clipped obstacles: only a height to beat).
         sub_offs = initial_offsets(sub_inst);
         for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
-          sub_offs[k] = cur[sub.items[sub_inst.buffer_of[k]]];
+          sub_offs[k] = cur[sub.items[sub_inst.buffer_of[k]]] - base;
         }
-        std::uint64_t sub_h =
-            std::max(detail::height(sub_inst, sub_offs), sub_inst.fixed_top);
+        std::uint64_t sub_h = region_top - base;
         std::string sub_method;
         Placer placer(sub_inst);
         for (const Order order : {Order::kSize, Order::kLength, Order::kPressureArea}) {
+          if (child.out()) break;
           offs = initial_offsets(sub_inst);
           placer.reset(offs);
           const std::uint64_t h =
@@ -378,27 +476,30 @@ void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t
             sub_h = h;
             sub_offs = offs;
           }
+          if (sub_h <= sub_lb) break;
         }
-        if (sub_h > sub_lb && !child.out()) {
+        if (sub_h > sub_lb && !child.out() && sub_inst.num_free <= kSearchFreed) {
           search_small(sub_inst, sub_map, sub_lb, mix(rng), child, sub_h, sub_offs, sub_method);
         }
-        if (sub_h < height) {
+        if (sub_h + base < region_top) {
           for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
-            cur[sub.items[sub_inst.buffer_of[k]]] = sub_offs[k];
+            cur[sub.items[sub_inst.buffer_of[k]]] = sub_offs[k] + base;
           }
-          // Lower than the height where it was freed: lower overall, or (the
-          // freed set cut to one run) one peak fewer; both are kept.
           const std::uint64_t h = std::max(detail::height(inst, cur), inst.fixed_top);
+          work.add(n);
           if (h < height) {
             height = h;
             offsets = cur;
             method = "peak_search";
           }
           progress = true;
+          top_valid = false;
         }
       }
+      searched = child.used();
       work.absorb(child);
     }
+    fixed_cost = work.used() - round_start - searched;
     if (progress) {
       failed.clear();
       stage = 0;
