@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import time
 import weakref
@@ -71,8 +72,18 @@ def planned(fn: Optional[F] = None, *, device: Any = None, key: Hashable = None)
     call on, the allocations replay at planned, stable addresses. ``key``
     defaults to the function itself, so two decorated functions are planned
     apart.
+
+    Raises:
+        TypeError: ``fn`` is a generator or coroutine function: its call
+            returns at once and its body runs later, outside the step (use
+            ``with torch_renaissance.step():`` inside it instead).
     """
     def wrap(f: F) -> F:
+        if inspect.isgeneratorfunction(f) or inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f):
+            kind = "generator" if inspect.isgeneratorfunction(f) else "coroutine"
+            raise TypeError(f"torch_renaissance.planned: {getattr(f, '__qualname__', f)!s} is a {kind} "
+                            "function; its body would run after the call returns, outside the step. "
+                            "Use `with torch_renaissance.step():` inside it instead")
         k = key if key is not None else f
 
         @functools.wraps(f)
