@@ -59,8 +59,15 @@ build/plan_lock_latency: benchmarks/cpp/plan_lock_latency.cpp $(wildcard csrc/co
 bench-lock: build/plan_lock_latency
 	build/plan_lock_latency 1200 3
 
-test-cpp: build/plan_test
+# The config table's C++ layer (core/config.h): every bad value is an error.
+build/config_test: tests/cpp/config_test.cpp csrc/core/config.cpp csrc/core/config.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/config_test.cpp \
+	    csrc/core/config.cpp -o $@
+
+test-cpp: build/plan_test build/config_test
 	build/plan_test 40
+	build/config_test
 
 # The tests (the planner's C++ test first), then every benchmark once,
 # untimed and on small inputs, so that the benchmarks cannot rot (about 15 s).

@@ -338,12 +338,12 @@ class ModelSlots:
 
     def _planning_arena(self):
         """The arena that plans steps on this device, or None."""
-        from torch_renaissance import allocator
+        from torch_renaissance import installer
 
-        cfg = allocator.installed_config(self.device)
+        cfg = installer.installed_config(self.device)
         if cfg is None or not cfg.planning:
             return None
-        return allocator.get_arena(self.device)
+        return installer.get_arena(self.device)
 
     def _plan_activations(self, arch: _Arch, module: nn.Module, example_inputs: Any):
         """Runs the example forward as planned steps; returns (bytes, LOAD, planned)."""

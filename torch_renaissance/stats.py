@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch_renaissance.allocator import _ext, get_arena, is_installed, resolve_device
+from torch_renaissance.extension import extension as _ext
+from torch_renaissance.installer import get_arena, is_installed, resolve_device
 
 
 def _flatten(prefix: str, value: Any, out: list) -> None:
