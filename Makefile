@@ -12,7 +12,7 @@ DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy mat
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
-.PHONY: venv build demo test test-cpp bench bench-lock check-cuda clean
+.PHONY: venv build demo test test-cpp test-debug bench bench-lock check-cuda clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -65,15 +65,40 @@ build/config_test: tests/cpp/config_test.cpp csrc/core/config.cpp csrc/core/conf
 	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/config_test.cpp \
 	    csrc/core/config.cpp -o $@
 
-test-cpp: build/plan_test build/config_test
+# TR_DEBUG (core/debug.h) at levels 0 and 1: a stat below zero clamps / aborts.
+build/debug_test_%: tests/cpp/debug_test.cpp csrc/core/debug.cpp csrc/core/debug.h csrc/core/stats.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -DTR_DEBUG=$* -Icsrc tests/cpp/debug_test.cpp \
+	    csrc/core/debug.cpp -o $@
+
+test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1
 	build/plan_test 40
 	build/config_test
+	build/debug_test_0
+	build/debug_test_1
 
 # The tests (the planner's C++ test first), then every benchmark once,
 # untimed and on small inputs, so that the benchmarks cannot rot (about 15 s).
 test: build test-cpp $(VENV)/.bench-deps
 	$(PY) -m pytest -q tests
 	$(PY) -m pytest -q benchmarks --benchmark-disable
+
+# The core and planned-step tests against a TR_DEBUG=3 build (csrc/core/debug.h:
+# O(1) assertions, and the arena's check_invariants() after every public
+# operation). The build lives in a copy of the sources under build/debug3, so
+# the tree's own extension stays the release build; rebuilt incrementally.
+DEBUG_TREE := build/debug3/src
+DEBUG_TESTS := tests/test_core.py tests/test_planned.py tests/test_contract.py \
+	tests/test_arena_fuzz.py tests/test_territory.py tests/test_streams_sim.py
+test-debug: $(VENV)/.deps
+	@mkdir -p $(DEBUG_TREE)
+	tar -cf - --exclude='_C*.so' --exclude=__pycache__ csrc tests tools torch_renaissance \
+	    setup.py pyproject.toml README.md | tar -xpf - -C $(DEBUG_TREE)
+	cd $(DEBUG_TREE) && TORCH_RENAISSANCE_DEBUG=3 TORCH_RENAISSANCE_CUDA=0 \
+	    $(abspath $(PY)) setup.py -q build_ext --inplace
+	cd $(DEBUG_TREE) && PYTHONPATH=$(abspath $(DEBUG_TREE)) \
+	    TORCH_RENAISSANCE_DATA=$${TORCH_RENAISSANCE_DATA:-$(abspath ..)/shared/data} TR_EXPECT_DEBUG_LEVEL=3 \
+	    $(abspath $(PY)) -m pytest -q -p no:cacheprovider $(DEBUG_TESTS)
 
 # pytest-benchmark suites (one process: hot path, replay, planner, stream
 # events; each group prints our numbers beside its baseline, the JSON goes to

@@ -1,4 +1,4 @@
-"""A differential fuzz of the core arena through the bindings (issue 18).
+"""A differential fuzz of the core arena through the bindings.
 
 The arena (on a SimDevice, whose streams run only when the fuzz advances
 them, or on a HostDevice, whose events complete at once) is driven with random allocations, frees, stream uses, stream progress,

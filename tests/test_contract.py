@@ -171,6 +171,8 @@ def test_marked_steps_replay_when_planning(subject):
         for q, _ in live:
             a.deallocate(q)
         a.end_step()
+        if subject.planning and not addresses:  # README: steps are counted from 1
+            assert a.last_step()["step"] == 1 and a.stats()["renaissance"]["steps"] == 1
         addresses.append(got)
         assert subject.current() == 0
     r = a.stats()["renaissance"]
@@ -182,3 +184,24 @@ def test_marked_steps_replay_when_planning(subject):
     else:
         assert r["steps"] == 0 and r["plans"] == 0 and r["planned_steps"] == 0, r
         assert r["planned_hits"] == 0, r
+
+
+def test_the_debug_hook_checks_after_every_operation(C, subject):
+    """TR_DEBUG=3 (``make test-debug``): check_invariants() runs after every
+    public operation; a release build (level 0) compiles the hook out."""
+    import os
+
+    expected = os.environ.get("TR_EXPECT_DEBUG_LEVEL")
+    if expected is not None:
+        assert C.debug_level == int(expected)
+    a = subject.arena
+    before = C.debug_invariant_checks()
+    ptrs = [a.allocate(n) for n in (100, 5000, 3 * MiB)]
+    for p in ptrs:
+        a.deallocate(p)
+    a.empty_cache()
+    checks = C.debug_invariant_checks() - before
+    if C.debug_level >= 3:
+        assert checks >= 7  # 3 allocations, 3 frees, 1 empty_cache
+    else:
+        assert checks == 0
