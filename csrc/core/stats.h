@@ -28,6 +28,7 @@ struct Stat {
   std::int64_t freed = 0;
 
   void increase(std::int64_t amount) {
+    TR_ASSERT(amount >= 0);  // decreases go through decrease()
     current += amount;
     allocated += amount;
     if (current > peak) peak = current;
