@@ -97,7 +97,7 @@ DEBUG_SKIP := not variable_lengths_reserved_stops_growing and not gpt_30_steps a
 test-debug: $(VENV)/.deps
 	@mkdir -p $(DEBUG_TREE)
 	tar -cf - --exclude='_C*.so' --exclude=__pycache__ csrc tests tools torch_renaissance \
-	    setup.py pyproject.toml README.md | tar -xpf - -C $(DEBUG_TREE)
+	    setup.py pyproject.toml README.md LICENSE | tar -xpf - -C $(DEBUG_TREE)
 	cd $(DEBUG_TREE) && TORCH_RENAISSANCE_DEBUG=3 TORCH_RENAISSANCE_CUDA=0 \
 	    $(abspath $(PY)) setup.py -q build_ext --inplace
 	cd $(DEBUG_TREE) && PYTHONPATH=$(abspath $(DEBUG_TREE)) \
