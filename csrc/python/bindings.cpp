@@ -89,7 +89,12 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["variants"] = p.variants;
   r["layouts"] = p.layouts;
   r["plan_bytes"] = p.plan_bytes;
-  r["load_bytes"] = p.load_bytes;
+  // Three different LOADs, each with its own name: the step's LOAD plus the
+  // persistent bytes live at plan time (old name load_bytes, kept as an alias
+  // for one release), the glossary's LOAD of the step alone (step_load_bytes);
+  // plan_over_step_load_and_obstacles is computed in torch_renaissance/stats.py.
+  r["step_and_persistent_load_bytes"] = p.load_bytes;
+  r["load_bytes"] = p.load_bytes;  // alias of step_and_persistent_load_bytes
   r["step_load_bytes"] = p.step_load_bytes;
   r["greedy_bytes"] = p.greedy_bytes;
   r["obstacle_bytes"] = p.obstacle_bytes;
