@@ -154,17 +154,7 @@ def _field_int(
 ) -> int:
     if key not in d:
         raise w.error(where, f"missing field {key!r} in {_short(d)}")
-    value = d[key]
-    if not is_int(value):
-        raise w.error(where, f"field {key!r} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise w.error(where, f"field {key!r} must be >= {minimum}, got {fmt_int(value)}")
-    if limit is not None and value >= limit:
-        raise w.error(
-            where,
-            f"field {key!r} must be < 2**{limit.bit_length() - 1}, got {fmt_int(value)}",
-        )
-    return value
+    return _checked_int(d[key], key, w, where, minimum, limit)
 
 
 def _opt_int(
@@ -180,6 +170,12 @@ def _opt_int(
     value = d.get(key, default)
     if value is None:
         return default
+    return _checked_int(value, key, w, where, minimum, limit)
+
+
+def _checked_int(value: Any, key: str, w: Where, where: str, minimum: Optional[int],
+                 limit: Optional[int]) -> int:
+    """``value`` of field ``key``, checked to be an integer in ``[minimum, limit)``."""
     if not is_int(value):
         raise w.error(where, f"field {key!r} must be an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
