@@ -49,7 +49,7 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
   if (unit_ == 0 || (unit_ & (unit_ - 1)) != 0) {
     throw std::invalid_argument("device alignment must be a power of two");
   }
-  config::validate(config_);  // each key's range (config.h); then the device's rules
+  config_table::validate(config_);  // each key's range (config.h); then the device's rules
   if (config_.small_size % unit_ || config_.small_segment < config_.small_size) {
     throw std::invalid_argument("small_segment must be at least small_size, a multiple of the alignment");
   }

@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 namespace renaissance {
-namespace config {
+namespace config_table {
 namespace {
 
 std::string number_text(double x, Type t) {
@@ -117,5 +117,5 @@ void validate(const ArenaConfig& c) {
   }
 }
 
-}  // namespace config
+}  // namespace config_table
 }  // namespace renaissance

@@ -47,7 +47,7 @@ struct ArenaConfig {
   std::size_t round_large = std::size_t(2) << 20;
 };
 
-namespace config {
+namespace config_table {
 
 enum class Type { kBool, kUInt, kFloat, kChoice };
 
@@ -137,5 +137,5 @@ std::string get_key(const ArenaConfig& c, std::string_view name);
 // key's range (e.g. an ArenaConfig built in C++ with max_variants = 0).
 void validate(const ArenaConfig& c);
 
-}  // namespace config
+}  // namespace config_table
 }  // namespace renaissance

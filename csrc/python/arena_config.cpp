@@ -12,43 +12,43 @@ namespace py = pybind11;
 namespace renaissance {
 namespace {
 
-const char* type_name(config::Type t) {
+const char* type_name(config_table::Type t) {
   switch (t) {
-    case config::Type::kBool: return "bool";
-    case config::Type::kUInt: return "int";
-    case config::Type::kFloat: return "float";
-    case config::Type::kChoice: return "choice";
+    case config_table::Type::kBool: return "bool";
+    case config_table::Type::kUInt: return "int";
+    case config_table::Type::kFloat: return "float";
+    case config_table::Type::kChoice: return "choice";
   }
   return "?";
 }
 
-config::Value value_of(const config::Key& k, py::handle v) {
+config_table::Value value_of(const config_table::Key& k, py::handle v) {
   const std::string key = k.name;
   const bool is_bool = py::isinstance<py::bool_>(v);
   switch (k.type) {
-    case config::Type::kBool:
+    case config_table::Type::kBool:
       if (!is_bool) throw py::value_error("arena option '" + key + "' must be a bool");
-      return config::Value::of_bool(v.cast<bool>());
-    case config::Type::kUInt:
+      return config_table::Value::of_bool(v.cast<bool>());
+    case config_table::Type::kUInt:
       if (!py::isinstance<py::int_>(v) || is_bool) {
         throw py::value_error("arena option '" + key + "' must be an int");
       }
       try {
-        return config::Value::of_uint(v.cast<std::uint64_t>());
+        return config_table::Value::of_uint(v.cast<std::uint64_t>());
       } catch (const py::cast_error&) {  // negative or past 2**64 - 1
         throw py::value_error("arena option '" + key + "' is out of range: " +
                               py::str(v).cast<std::string>());
       }
-    case config::Type::kFloat:
+    case config_table::Type::kFloat:
       if ((!py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v)) || is_bool) {
         throw py::value_error("arena option '" + key + "' must be a float");
       }
-      return config::Value::of_float(v.cast<double>());
-    case config::Type::kChoice:
+      return config_table::Value::of_float(v.cast<double>());
+    case config_table::Type::kChoice:
       if (!py::isinstance<py::str>(v)) {
         throw py::value_error("arena option '" + key + "' must be a str");
       }
-      return config::Value::of_text(v.cast<std::string>());
+      return config_table::Value::of_text(v.cast<std::string>());
   }
   throw py::value_error("arena option '" + key + "' has an unknown type");
 }
@@ -59,13 +59,13 @@ ArenaConfig arena_config_from_kwargs(const py::kwargs& kw) {
   ArenaConfig c;
   for (auto item : kw) {
     const std::string name = py::cast<std::string>(item.first);
-    const config::Key* k = config::find_key(name);
+    const config_table::Key* k = config_table::find_key(name);
     if (!k) throw py::value_error("unknown arena option '" + name + "'");
     if (k->alias_of && kw.contains(k->alias_of)) {
       throw py::value_error("arena options '" + name + "' and '" + k->alias_of +
                             "' are the same limit in two units; give one");
     }
-    config::set_key(c, name, value_of(*k, item.second));  // std::invalid_argument -> ValueError
+    config_table::set_key(c, name, value_of(*k, item.second));  // std::invalid_argument -> ValueError
   }
   return c;
 }
@@ -73,7 +73,7 @@ ArenaConfig arena_config_from_kwargs(const py::kwargs& kw) {
 void bind_config(py::module_& m) {
   m.def("config_keys", [] {
     py::list out;
-    for (const config::Key& k : config::kConfigKeys) {
+    for (const config_table::Key& k : config_table::kConfigKeys) {
       py::dict d;
       d["name"] = k.name;
       d["type"] = type_name(k.type);
@@ -95,17 +95,17 @@ void bind_config(py::module_& m) {
   m.def("default_arena_config", [] {
     py::dict d;
     const ArenaConfig c;
-    for (const config::Key& k : config::kConfigKeys) {
-      if (!k.alias_of) d[k.name] = config::get_key(c, k.name);
+    for (const config_table::Key& k : config_table::kConfigKeys) {
+      if (!k.alias_of) d[k.name] = config_table::get_key(c, k.name);
     }
     return d;
   }, "ArenaConfig{}'s value of every key that is not an alias, as text (for tests).");
   m.def("arena_config_of", [](const py::kwargs& kw) {
     py::dict d;
     const ArenaConfig c = arena_config_from_kwargs(kw);
-    config::validate(c);
-    for (const config::Key& k : config::kConfigKeys) {
-      if (!k.alias_of) d[k.name] = config::get_key(c, k.name);
+    config_table::validate(c);
+    for (const config_table::Key& k : config_table::kConfigKeys) {
+      if (!k.alias_of) d[k.name] = config_table::get_key(c, k.name);
     }
     return d;
   }, "The ArenaConfig that these keyword arguments make, every key as text; raises "

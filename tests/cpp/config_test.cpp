@@ -13,7 +13,7 @@
 #include "core/config.h"
 
 using namespace renaissance;
-using config::Value;
+using config_table::Value;
 
 namespace {
 
@@ -32,22 +32,22 @@ void expect_rejected(const std::string& key, const Value& v, const std::string& 
   ArenaConfig c;
   const ArenaConfig before = c;
   try {
-    config::set_key(c, key, v);
+    config_table::set_key(c, key, v);
     check(false, key + " accepted " + why);
   } catch (const std::invalid_argument& e) {
     check(std::string(e.what()).find("'" + key + "'") != std::string::npos,
           key + ": message names the key (" + e.what() + ")");
   }
-  for (const config::Key& k : config::kConfigKeys) {
+  for (const config_table::Key& k : config_table::kConfigKeys) {
     if (k.alias_of) continue;
-    check(config::get_key(c, k.name) == config::get_key(before, k.name),
+    check(config_table::get_key(c, k.name) == config_table::get_key(before, k.name),
           key + " rejected but changed " + k.name);
   }
 }
 
 void expect_validate_rejects(const ArenaConfig& c, const std::string& key) {
   try {
-    config::validate(c);
+    config_table::validate(c);
     check(false, "validate accepted a bad " + key);
   } catch (const std::invalid_argument& e) {
     check(std::string(e.what()).find("'" + key + "'") != std::string::npos,
@@ -60,38 +60,38 @@ void expect_validate_rejects(const ArenaConfig& c, const std::string& key) {
 int main() {
   // Defaults: the table's text equals ArenaConfig{}'s fields.
   const ArenaConfig d;
-  for (const config::Key& k : config::kConfigKeys) {
+  for (const config_table::Key& k : config_table::kConfigKeys) {
     if (k.alias_of) continue;
-    check(config::get_key(d, k.name) == k.default_text,
-          std::string(k.name) + " default " + config::get_key(d, k.name) + " vs table " +
+    check(config_table::get_key(d, k.name) == k.default_text,
+          std::string(k.name) + " default " + config_table::get_key(d, k.name) + " vs table " +
               k.default_text);
   }
 
   // Every bound of every integer and float key: the bound is accepted, one
   // past it is rejected (no clamp).
-  for (const config::Key& k : config::kConfigKeys) {
-    if (k.type == config::Type::kUInt) {
+  for (const config_table::Key& k : config_table::kConfigKeys) {
+    if (k.type == config_table::Type::kUInt) {
       const auto lo = static_cast<std::uint64_t>(k.min);
       const auto hi = static_cast<std::uint64_t>(k.max);
       ArenaConfig c;
-      config::set_key(c, k.name, Value::of_uint(lo));
-      config::set_key(c, k.name, Value::of_uint(hi));
+      config_table::set_key(c, k.name, Value::of_uint(lo));
+      config_table::set_key(c, k.name, Value::of_uint(hi));
       if (lo > 0) expect_rejected(k.name, Value::of_uint(lo - 1), "below its minimum");
       expect_rejected(k.name, Value::of_uint(hi + 1), "above its maximum");
       expect_rejected(k.name, Value::of_bool(true), "a bool");
       expect_rejected(k.name, Value::of_float(static_cast<double>(lo)), "a float");
       expect_rejected(k.name, Value::of_text("1"), "text");
-    } else if (k.type == config::Type::kFloat) {
+    } else if (k.type == config_table::Type::kFloat) {
       ArenaConfig c;
-      config::set_key(c, k.name, Value::of_float(k.min));
-      config::set_key(c, k.name, Value::of_float(k.max));
-      config::set_key(c, k.name, Value::of_uint(1));  // an int is a number
+      config_table::set_key(c, k.name, Value::of_float(k.min));
+      config_table::set_key(c, k.name, Value::of_float(k.max));
+      config_table::set_key(c, k.name, Value::of_uint(1));  // an int is a number
       expect_rejected(k.name, Value::of_float(std::nextafter(k.min, -1.0)), "below its minimum");
       expect_rejected(k.name, Value::of_float(std::nextafter(k.max, 1e300)), "above its maximum");
       expect_rejected(k.name, Value::of_float(std::nan("")), "NaN");
       expect_rejected(k.name, Value::of_float(std::numeric_limits<double>::infinity()), "inf");
       expect_rejected(k.name, Value::of_bool(false), "a bool");
-    } else if (k.type == config::Type::kBool) {
+    } else if (k.type == config_table::Type::kBool) {
       expect_rejected(k.name, Value::of_uint(1), "an int");
       expect_rejected(k.name, Value::of_text("true"), "text");
     } else {
@@ -110,19 +110,19 @@ int main() {
   // Aliases set the same field in another unit.
   {
     ArenaConfig a, b;
-    config::set_key(a, "max_reserved_mb", Value::of_uint(3));
-    config::set_key(b, "max_reserved_bytes", Value::of_uint(3u << 20));
+    config_table::set_key(a, "max_reserved_mb", Value::of_uint(3));
+    config_table::set_key(b, "max_reserved_bytes", Value::of_uint(3u << 20));
     check(a.max_reserved_bytes == (3u << 20) && b.max_reserved_bytes == a.max_reserved_bytes,
           "max_reserved_mb is MiB of max_reserved_bytes");
-    config::set_key(a, "plan_budget_ms", Value::of_uint(1500));
-    config::set_key(b, "plan_budget_seconds", Value::of_float(1.5));
+    config_table::set_key(a, "plan_budget_ms", Value::of_uint(1500));
+    config_table::set_key(b, "plan_budget_seconds", Value::of_float(1.5));
     check(a.plan_budget_seconds == 1.5 && b.plan_budget_seconds == 1.5,
           "plan_budget_ms and plan_budget_seconds set one budget");
-    check(config::get_key(a, "plan_budget_ms") == "1500", "plan_budget_ms reads back as 1500");
+    check(config_table::get_key(a, "plan_budget_ms") == "1500", "plan_budget_ms reads back as 1500");
   }
 
   // validate(): a config built in C++ is checked against the same ranges.
-  config::validate(ArenaConfig{});
+  config_table::validate(ArenaConfig{});
   {
     ArenaConfig c;
     c.max_variants = 0;
@@ -148,12 +148,12 @@ int main() {
   }
 
   // Every key's name is unique and an alias points at a key.
-  for (const config::Key& k : config::kConfigKeys) {
+  for (const config_table::Key& k : config_table::kConfigKeys) {
     int same = 0;
-    for (const config::Key& j : config::kConfigKeys) same += std::string(j.name) == k.name;
+    for (const config_table::Key& j : config_table::kConfigKeys) same += std::string(j.name) == k.name;
     check(same == 1, std::string(k.name) + " appears once");
     if (k.alias_of) {
-      check(config::find_key(k.alias_of) != nullptr && !config::find_key(k.alias_of)->alias_of,
+      check(config_table::find_key(k.alias_of) != nullptr && !config_table::find_key(k.alias_of)->alias_of,
             std::string(k.name) + " is an alias of a key");
     }
   }
