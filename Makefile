@@ -12,7 +12,7 @@ DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy mat
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
-.PHONY: venv build demo test test-cpp bench bench-lock check-cuda clean
+.PHONY: venv build demo test test-cpp test-debug bench bench-lock check-cuda clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -59,14 +59,54 @@ build/plan_lock_latency: benchmarks/cpp/plan_lock_latency.cpp $(wildcard csrc/co
 bench-lock: build/plan_lock_latency
 	build/plan_lock_latency 1200 3
 
-test-cpp: build/plan_test
+# The config table's C++ layer (core/config.h): every bad value is an error.
+build/config_test: tests/cpp/config_test.cpp csrc/core/config.cpp csrc/core/config.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/config_test.cpp \
+	    csrc/core/config.cpp -o $@
+
+# TR_DEBUG (core/debug.h) at levels 0 and 1: a stat below zero clamps / aborts.
+build/debug_test_%: tests/cpp/debug_test.cpp csrc/core/debug.cpp csrc/core/debug.h csrc/core/stats.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -DTR_DEBUG=$* -Icsrc tests/cpp/debug_test.cpp \
+	    csrc/core/debug.cpp -o $@
+
+test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1
 	build/plan_test 40
+	build/config_test
+	build/debug_test_0
+	build/debug_test_1
 
 # The tests (the planner's C++ test first), then every benchmark once,
 # untimed and on small inputs, so that the benchmarks cannot rot (about 15 s).
 test: build test-cpp $(VENV)/.bench-deps
 	$(PY) -m pytest -q tests
 	$(PY) -m pytest -q benchmarks --benchmark-disable
+
+# The core and planned-step tests against a TR_DEBUG=3 build (csrc/core/debug.h:
+# O(1) assertions, and the arena's check_invariants() after every public
+# operation). The build lives in a copy of the sources under build/debug3, so
+# the tree's own extension stays the release build; rebuilt incrementally.
+DEBUG_TREE := build/debug3/src
+# Left out at level 3: the planned-step scenarios that train for 30-200 steps
+# and the 200k-operation stream fuzz (minutes each there; the other scenarios
+# and the contract suite's fuzz on all 16 arenas run the same paths on shorter
+# runs), and the one wall-clock test (a plan must take > 0.5 s of a 1.5 s
+# budget while another thread allocates: timing, not an invariant).
+DEBUG_TESTS := tests/test_core.py tests/test_planned.py tests/test_contract.py \
+	tests/test_arena_fuzz.py tests/test_territory.py tests/test_streams_sim.py
+DEBUG_SKIP := not variable_lengths_reserved_stops_growing and not gpt_30_steps and \
+	not alternating_batch_sizes and not fuzz_200k_ops_four_streams and \
+	not other_threads_allocate_while_a_step_is_planned
+test-debug: $(VENV)/.deps
+	@mkdir -p $(DEBUG_TREE)
+	tar -cf - --exclude='_C*.so' --exclude=__pycache__ csrc tests tools torch_renaissance \
+	    setup.py pyproject.toml README.md LICENSE | tar -xpf - -C $(DEBUG_TREE)
+	cd $(DEBUG_TREE) && TORCH_RENAISSANCE_DEBUG=3 TORCH_RENAISSANCE_CUDA=0 \
+	    $(abspath $(PY)) setup.py -q build_ext --inplace
+	cd $(DEBUG_TREE) && PYTHONPATH=$(abspath $(DEBUG_TREE)) \
+	    TORCH_RENAISSANCE_DATA=$${TORCH_RENAISSANCE_DATA:-$(abspath ..)/shared/data} TR_EXPECT_DEBUG_LEVEL=3 \
+	    $(abspath $(PY)) -m pytest -q -p no:cacheprovider --durations=8 -k "$(DEBUG_SKIP)" $(DEBUG_TESTS)
 
 # pytest-benchmark suites (one process: hot path, replay, planner, stream
 # events; each group prints our numbers beside its baseline, the JSON goes to

@@ -4,8 +4,11 @@ CPU-only build by default. The CUDA parts (``csrc/core/cuda_device.cpp`` and
 ``csrc/torch/cuda_allocator.cpp``) are added when the installed torch was built
 with CUDA and a CUDA toolkit is found (``CUDA_HOME`` or ``/usr/local/cuda``),
 unless ``TORCH_RENAISSANCE_CUDA=0``; ``TORCH_RENAISSANCE_CUDA=1`` requires them.
-``TORCH_RENAISSANCE_DEBUG=1`` makes a debug build: the lock-order checker of
-``csrc/core/lock_order.h`` on (a lock taken out of order raises). Use
+``TORCH_RENAISSANCE_DEBUG=1`` (or ``2``, ``3``) makes a debug build at that
+``TR_DEBUG`` level (``csrc/core/debug.h``): the lock-order checker of
+``csrc/core/lock_order.h`` on (a lock taken out of order raises) and O(1)
+assertions; at 3 the arena checks all its invariants after every public
+operation. Use
 ``MAX_JOBS=2`` on small machines.
 """
 from __future__ import annotations
@@ -45,6 +48,19 @@ def _want_cuda() -> bool:
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def _debug_level() -> int:
+    """The TR_DEBUG level from TORCH_RENAISSANCE_DEBUG: unset/0 -> 0, 1/true/yes -> 1,
+    2 or 3 -> that level; anything else raises SystemExit."""
+    flag = (os.environ.get("TORCH_RENAISSANCE_DEBUG") or "").strip()
+    if flag in ("", "0", "false", "False", "no"):
+        return 0
+    if flag in ("1", "true", "True", "yes"):
+        return 1
+    if flag in ("2", "3"):
+        return int(flag)
+    raise SystemExit(f"TORCH_RENAISSANCE_DEBUG={flag!r}: use 0, 1, 2 or 3")
+
+
 def _sources(with_cuda: bool) -> list[str]:
     files = []
     for pattern in ("csrc/core/*.cpp", "csrc/torch/*.cpp", "csrc/python/*.cpp"):
@@ -56,8 +72,9 @@ def _extension():
     with_cuda = _want_cuda()
     ext = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
     macros = [("TR_WITH_CUDA", "1")] if with_cuda else []
-    if (os.environ.get("TORCH_RENAISSANCE_DEBUG") or "").strip() in ("1", "true", "True", "yes"):
-        macros.append(("TR_LOCK_ORDER_CHECK", "1"))
+    level = _debug_level()
+    if level:
+        macros += [("TR_LOCK_ORDER_CHECK", "1"), ("TR_DEBUG", str(level))]
     return ext(
         "torch_renaissance._C",
         _sources(with_cuda),

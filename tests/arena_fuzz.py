@@ -1,7 +1,7 @@
-"""A differential fuzz of the core arena through the bindings (issue 18).
+"""A differential fuzz of the core arena through the bindings.
 
 The arena (on a SimDevice, whose streams run only when the fuzz advances
-them) is driven with random allocations, frees, stream uses, stream progress,
+them, or on a HostDevice, whose events complete at once) is driven with random allocations, frees, stream uses, stream progress,
 sync points, empty_cache calls and planned steps of several step keys on
 several streams (fixed programs per key, so that they are planned and
 replayed, perturbed now and then so that they also miss and re-plan). A
@@ -18,7 +18,8 @@ reference model checks, at every operation:
   work, or after the memory went back to the device (``empty_cache``: the
   model then forgets what it knew).
 
-Used by ``tests/test_arena_fuzz.py`` (a short run) and ``tools/fuzz_arena.py``
+Used by ``tests/test_arena_fuzz.py`` (a short run), ``tests/test_contract.py``
+(every device x segment mode x planning x stream policy) and ``tools/fuzz_arena.py``
 (a long one).
 """
 from __future__ import annotations
@@ -35,14 +36,64 @@ class Violation(AssertionError):
     """The arena broke an invariant the reference model checks."""
 
 
+class HostStreams:
+    """The stream view of a HostDevice for the model: the CPU has no
+    asynchronous streams (its events complete at once), so every stream's
+    work is always complete and nothing is ever pending."""
+
+    def __init__(self, device):
+        self.device = device
+        self.count = 0
+
+    def new_stream(self) -> int:
+        self.count += 1
+        return self.count
+
+    def enqueue(self, stream: int, units: int = 1) -> None:
+        pass
+
+    def advance(self, stream: int, units: int) -> None:
+        pass
+
+    def enqueued(self, stream: int) -> int:
+        return 0
+
+    def completed(self, stream: int) -> int:
+        return 0
+
+    def waits(self) -> list:
+        return []
+
+
 class Fuzz:
+    """One fuzz campaign.
+
+    Args:
+        C: the compiled extension.
+        seed: the campaign's seed.
+        policy: the arena's ``stream_policy``.
+        expandable: the arena's ``expandable_segments`` (and, on a SimDevice,
+            whether the device offers address ranges at all).
+        device: ``"sim"`` (SimDevice: streams run when the fuzz advances them)
+            or ``"host"`` (HostDevice: CPU memory, events complete at once).
+        planning: the arena's ``planning``; off, marked steps run unplanned.
+    """
+
     def __init__(self, C, seed: int, policy: str = "defer", expandable: bool = True,
-                 streams: int = 3, keys: int = 3):
+                 streams: int = 3, keys: int = 3, device: str = "sim", planning: bool = True):
         self.C = C
         self.rng = random.Random(seed)
-        self.dev = C.SimDevice()
-        self.dev.set_address_ranges(expandable)
-        self.arena = C.Arena(self.dev, stream_policy=policy, plan_budget_seconds=0.0)
+        if device == "sim":
+            self.device = C.SimDevice()
+            self.device.set_address_ranges(expandable)
+            self.dev = self.device
+        elif device == "host":
+            self.device = C.HostDevice()
+            self.dev = HostStreams(self.device)
+        else:
+            raise ValueError(f"device must be 'sim' or 'host', not {device!r}")
+        self.arena = C.Arena(self.device, stream_policy=policy, plan_budget_seconds=0.0,
+                             expandable_segments=expandable, planning=planning)
         self.streams = [0] + [self.dev.new_stream() for _ in range(streams)]
         self.live: dict[int, tuple[int, int, int]] = {}  # ptr -> (block size, stream, byte)
         self.starts: list[int] = []                       # sorted live starts
@@ -53,6 +104,7 @@ class Fuzz:
         self.pend: list[tuple[int, int, int, int, int]] = []
         self.allocated = 0
         self.ops = 0
+        self.steps = 0  # marked steps run (begin_step ... end_step)
         self.maxlen = 0  # the longest range in pend
         self.seg_key = None
         self.segs: list[tuple[int, int, int]] = []
@@ -197,6 +249,7 @@ class Fuzz:
     def step(self) -> None:
         key, prog = self.rng.choice(self.programs)
         rng = self.rng
+        self.steps += 1
         self.arena.begin_step(key)
         mine: list[tuple[int, int]] = []  # (ptr, free at op index)
         for j, (size, s, life, use) in enumerate(prog):
@@ -217,14 +270,16 @@ class Fuzz:
                 self.free(q)  # the rest outlive the step
         self.arena.end_step()
 
-    def run(self, ops: int) -> None:
+    def run(self, ops: int, check_every: int = 2000) -> None:
+        """Runs ``ops`` operations, with ``check_invariants()`` every
+        ``check_every`` of them and at the end."""
         while self.ops < ops:
             self.ops += 1
             if self.rng.random() < 0.03:
                 self.step()
             else:
                 self.random_op()
-            self.check_stats(full=self.ops % 2000 == 0)
+            self.check_stats(full=self.ops % check_every == 0)
         self.check_stats(full=True)
         st = self.arena.stats()
         if st["num_ooms"]:

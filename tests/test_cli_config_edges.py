@@ -1,4 +1,4 @@
-"""Command-line and configuration edges (issue 18, item 8): ``run --report`` to a path that
+"""Command-line and configuration edges: ``run --report`` to a path that
 cannot be written, ``demo`` with no steps, config numbers that are not plain ASCII, and keys
 given twice."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The core arena through the bindings with HostDevice: fuzz against a reference
-model, bad input, threads, stats semantics (issue 2)."""
+model, bad input, threads, stats semantics."""
 from __future__ import annotations
 
 import bisect

@@ -1,5 +1,5 @@
 """Installing the CPU allocator into PyTorch, configuration, end-to-end training
-and `torch-renaissance run` (issue 2). Installs are per process: each test that
+and `torch-renaissance run`. Installs are per process: each test that
 installs runs in a subprocess."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model slots (issue 7): many models on one device, one weight layout per
+"""Model slots: many models on one device, one weight layout per
 architecture, switching without allocation.
 
 Tests that need the arena installed for the CPU run in their own process

@@ -1,4 +1,4 @@
-"""Planned steps: record, plan, replay (issue 3). Each scenario installs the CPU
+"""Planned steps: record, plan, replay. Each scenario installs the CPU
 allocator, so it runs in its own process and prints one JSON line.
 
 Steps are counted from 0 as loop indices are: steps 0 and 1 are recorded (the

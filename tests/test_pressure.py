@@ -1,5 +1,6 @@
-"""Memory under pressure (issue 11; issue 18 items 4 and 6): the cases as the
-issue gives them, and the fit guarantee as a hypothesis property.
+"""Memory under pressure (interior holes, recorded steps, the out-of-memory ladder,
+completed stream work, pool geometry, the memory-fraction limit): the cases as the
+bug reports gave them, and the fit guarantee as a hypothesis property.
 
 The arena is driven through the bindings on ``HostDevice`` (64 KiB granules,
 ``csrc/core/host_device.h``) and ``SimDevice`` (2 MiB granules, like CUDA's
@@ -37,7 +38,7 @@ def devices(C):
     return [("host", C.HostDevice, HOST_GRANULE), ("sim", C.SimDevice, SIM_GRANULE)]
 
 
-# --- issue 11 item 1: interior holes ---------------------------------------------
+# --- interior holes -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["host", "sim"])
@@ -118,7 +119,7 @@ def test_fixed_segments_give_back_wholly_free_segments_only(C):
     a.check_invariants()
 
 
-# --- issue 11 item 2: recorded steps ------------------------------------------------
+# --- recorded steps -------------------------------------------------------------------
 
 
 def _step_35901(a, cap, n=200, size=16 * MiB):
@@ -177,7 +178,7 @@ def test_oom_in_a_recorded_step_leaves_the_next_step_able_to_plan(C):
     a.check_invariants()
 
 
-# --- issue 13 item 5: one ladder per failed request -----------------------------------
+# --- one out-of-memory ladder per failed request --------------------------------------
 
 
 def test_one_ladder_per_failed_request(C):
@@ -200,7 +201,7 @@ def test_one_ladder_per_failed_request(C):
     a.check_invariants()
 
 
-# --- issue 11 item 4: completed stream work noticed on allocation --------------------
+# --- completed stream work noticed on allocation --------------------------------------
 
 
 def test_completed_stream_work_is_noticed_by_the_next_allocation(C):
@@ -221,7 +222,7 @@ def test_completed_stream_work_is_noticed_by_the_next_allocation(C):
     a.check_invariants()
 
 
-# --- issue 18 items 4 and 6 ------------------------------------------------------------
+# --- pool geometry and impossible requests --------------------------------------------
 
 
 def test_inconsistent_geometry_is_a_value_error(C):
@@ -262,7 +263,7 @@ def test_a_request_over_ram_and_swap_is_refused_even_with_a_free_tail(C, kind):
     a.check_invariants()
 
 
-# --- issue 11 item 6 -------------------------------------------------------------------
+# --- stats before install ------------------------------------------------------------
 
 
 def test_stats_calls_before_install_are_no_ops():
@@ -286,7 +287,7 @@ def test_stats_calls_before_install_are_no_ops():
     assert out["n"] > 100
 
 
-# --- the fit guarantee -----------------------------------------------------------------
+# --- the fit guarantee ----------------------------------------------------------------
 
 OPS = st.lists(
     st.one_of(

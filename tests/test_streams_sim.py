@@ -1,5 +1,5 @@
 """Stream uses and region-level events, checked with SimDevice where the GPU's
-lag is under the test's control (issue 4)."""
+lag is under the test's control."""
 from __future__ import annotations
 
 import bisect

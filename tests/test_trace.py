@@ -1,4 +1,4 @@
-"""Tests for torch_renaissance/trace.py: the Trace type, the loaders and the snapshot export.
+"""Tests for torch_renaissance/trace/: the Trace type, the loaders and the snapshot export.
 
 Expected values are computed here independently of the module: LOAD with a difference array
 over the integer clock (the module sweeps sorted events), reference walks of the raw snapshot
@@ -27,11 +27,13 @@ def _import_trace():
         from torch_renaissance import trace as module
 
         return module
-    except Exception:  # the package may not import yet (no _C); trace.py stands alone
-        name = "_torch_renaissance_trace_standalone"
+    except Exception:  # the package may not import yet (no _C); trace/ stands alone
+        name = "torch_renaissance.trace"
         if name in sys.modules:
             return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, ROOT / "torch_renaissance" / "trace.py")
+        folder = ROOT / "torch_renaissance" / "trace"
+        spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -494,9 +496,9 @@ def test_nesting_deeper_than_the_limit_is_refused(tmp_path, build):
 
 def test_nesting_of_real_snapshots_is_far_below_the_limit(monkeypatch):
     path = _need(SNAPSHOTS / "gpt_ctx128_train_step.pickle")
-    monkeypatch.setattr(T, "_PICKLE_MAX_DEPTH", 10)
+    monkeypatch.setattr(T.safe_pickle, "PICKLE_MAX_DEPTH", 10)
     T._check_pickle_structure(path.read_bytes())  # real files nest 7 levels
-    monkeypatch.setattr(T, "_PICKLE_MAX_DEPTH", 5)
+    monkeypatch.setattr(T.safe_pickle, "PICKLE_MAX_DEPTH", 5)
     with pytest.raises(T._BadPickle, match="more than the 5 allowed"):
         T._check_pickle_structure(path.read_bytes())
 
@@ -514,7 +516,7 @@ def test_pickle_scan_memory_does_not_grow_with_the_opcode_count(tmp_path, monkey
         tracemalloc.stop()
     assert peak < 256 * 1024
     # Items that stay on the stack are capped, memo indices are bounded by the file size.
-    monkeypatch.setattr(T, "_PICKLE_MAX_STACK", 1000)
+    monkeypatch.setattr(T.safe_pickle, "PICKLE_MAX_STACK", 1000)
     path = tmp_path / "pushes.pickle"
     path.write_bytes(b"\x80\x02" + b"N" * 1001 + b".")
     with pytest.raises(ValueError, match="more than 1000 items on the unpickling stack"):

@@ -1,5 +1,4 @@
-"""Trace files that would load in quadratic time, and files that are not regular files
-(issue 18, item 7).
+"""Trace files that would load in quadratic time, and files that are not regular files.
 
 CPython hashes an integer to its value modulo ``sys.hash_info.modulus`` (``2**61 - 1``), so
 the integers ``c + k * (2**61 - 1)`` all share one hash: a dict of 20k of them takes tens of

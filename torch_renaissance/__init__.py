@@ -13,14 +13,8 @@ Quick use::
             ...
     print(tr.memory_summary())
 """
-from torch_renaissance.allocator import (
-    Config,
-    get_arena,
-    install,
-    installed_config,
-    is_installed,
-    parse_conf,
-)
+from torch_renaissance.config import Config, parse_conf
+from torch_renaissance.installer import get_arena, install, installed_config, is_installed
 from torch_renaissance.stats import (
     empty_cache,
     export_snapshot,

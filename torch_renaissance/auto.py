@@ -8,7 +8,7 @@ control it without code changes:
                            build has CUDA and a GPU is present); ``cpu``: for the CPU;
                            ``cpu,cuda`` or ``all``: both. Unset, empty or ``0``: nothing.
 ``TORCH_RENAISSANCE_CONF`` the arena configuration, ``key:value,...`` (see
-                           :mod:`torch_renaissance.allocator`).
+                           :mod:`torch_renaissance.config`).
 =========================  ============================================================
 
 Importing twice does nothing more. Errors (a bad configuration, CUDA already
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-from torch_renaissance.allocator import _BOOL
+from torch_renaissance.config import BOOL_WORDS as _BOOL
 
 ENV_VAR = "TORCH_RENAISSANCE"
 
@@ -70,7 +70,7 @@ def install_from_env() -> List[str]:
     """
     import torch
 
-    from torch_renaissance import allocator, cuda
+    from torch_renaissance import cuda, installer
 
     done = []
     for device in devices_from_env():
@@ -79,8 +79,8 @@ def install_from_env() -> List[str]:
         # whose child uses CUDA would then fail); install() needs no device.
         if device == "cuda" and not (cuda.is_built() and torch.cuda.device_count() > 0):
             continue
-        if not allocator.is_installed(device):
-            allocator.install(device)
+        if not installer.is_installed(device):
+            installer.install(device)
         done.append(device)
     return done
 

@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # the mean step time without it.
         # CUDA: the device the script left current; nothing to report when
         # the script never initialized CUDA.
-        used = [d for d in devices if tr.allocator.active_arena(d) is not None]
+        used = [d for d in devices if tr.installer.active_arena(d) is not None]
         if len(used) < len(devices):
             print("torch-renaissance run: the script did not use CUDA; no CUDA report",
                   file=sys.stderr)

@@ -41,7 +41,7 @@ _pluggable: dict = {}
 
 def _ext():
     """The compiled extension, checked to have been built with CUDA."""
-    from torch_renaissance.allocator import _ext as ext
+    from torch_renaissance.extension import extension as ext
 
     C = ext()
     if not getattr(C, "with_cuda", False):
@@ -70,7 +70,7 @@ def install(cfg: Any) -> None:
     storage creation use; PyTorch's ``change_current_allocator`` does not).
 
     Args:
-        cfg: a :class:`torch_renaissance.allocator.Config`.
+        cfg: a :class:`torch_renaissance.config.Config`.
 
     Raises:
         RuntimeError: the extension was built without CUDA, or CUDA was already
@@ -176,7 +176,7 @@ def _pluggable_for(malloc: str):
     with _lock:
         if malloc not in _pluggable:
             C = _ext()
-            from torch_renaissance.allocator import make_config
+            from torch_renaissance.config import make_config
 
             C.cuda_configure(**make_config().arena_kwargs())
             import ctypes
@@ -218,12 +218,12 @@ def mem_pool(device: Optional[Any] = None) -> "torch.cuda.MemPool":
         with torch.cuda.use_mem_pool(pool):
             buf = torch.empty(1 << 20, device="cuda")
     """
-    from torch_renaissance import allocator
+    from torch_renaissance import installer
 
     if not torch.cuda.is_available():
         raise RuntimeError("torch_renaissance.mem_pool() needs CUDA, which is not available")
     with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
-        if allocator.is_installed("cuda"):
+        if installer.is_installed("cuda"):
             return torch.cuda.MemPool()
         # PyTorch's allocator treats NULL from a pool's allocator as "out of
         # memory" (it frees its cached blocks and retries, then raises).

@@ -79,7 +79,8 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"`` (for messages and exported plans)."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -129,7 +130,7 @@ class Slot:
             "offset": self.offset,
             "nbytes": self.nbytes,
             "shape": list(self.shape),
-            "dtype": _dtype_name(self.dtype),
+            "dtype": dtype_name(self.dtype),
         }
 
 
@@ -210,8 +211,8 @@ class Region:
         if alignment % dtype.itemsize:
             raise ValueError(
                 f"slot {name!r}: the plan's alignment of {alignment} B is smaller than the "
-                f"{dtype.itemsize} B items of {_dtype_name(dtype)}, so the slot could not be "
-                f"viewed as {_dtype_name(dtype)}; use MemoryPlan(alignment="
+                f"{dtype.itemsize} B items of {dtype_name(dtype)}, so the slot could not be "
+                f"viewed as {dtype_name(dtype)}; use MemoryPlan(alignment="
                 f"{max(alignment, dtype.itemsize)}) or more"
             )
         needed = math.prod(shape) * dtype.itemsize
@@ -224,7 +225,7 @@ class Region:
         if nbytes < needed:
             raise ValueError(
                 f"slot {name!r}: nbytes={nbytes} is smaller than shape {shape} of "
-                f"{_dtype_name(dtype)} needs ({needed} bytes)"
+                f"{dtype_name(dtype)} needs ({needed} bytes)"
             )
         slot = Slot(name=name, nbytes=nbytes, shape=shape, dtype=dtype)
         self._slots[name] = slot
@@ -530,7 +531,8 @@ class MemoryPlan:
         return f"MemoryPlan({size}, alignment={self.alignment}, regions=[{regions}])"
 
 
-def _fmt_shape(shape: Sequence[int]) -> str:
+def format_shape(shape: Sequence[int]) -> str:
+    """A shape as Python writes the tuple: ``(3,)``, ``(2, 4)``, ``()``."""
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
@@ -540,7 +542,7 @@ def _slot_fields_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
         if a.get(key) != b.get(key):
             va, vb = a.get(key), b.get(key)
             if key == "shape":
-                va, vb = _fmt_shape(va or ()), _fmt_shape(vb or ())
+                va, vb = format_shape(va or ()), format_shape(vb or ())
             parts.append(f"{key} {va} != {vb}")
     return ", ".join(parts)
 
@@ -662,7 +664,7 @@ class MaterializedPlan:
         if region.nbytes % dtype.itemsize or region.offset % dtype.itemsize:
             raise ValueError(
                 f"region {name!r} ({region.nbytes} B at {region.offset}) is not a whole "
-                f"number of {_dtype_name(dtype)} elements"
+                f"number of {dtype_name(dtype)} elements"
             )
         return self.buffer[region.offset : region.end].view(dtype)
 
@@ -697,8 +699,8 @@ class MaterializedPlan:
             )
         if tensor.dtype != slot.dtype:
             raise ValueError(
-                f"slot {region}/{name}: dtype {_dtype_name(tensor.dtype)} != slot dtype "
-                f"{_dtype_name(slot.dtype)}"
+                f"slot {region}/{name}: dtype {dtype_name(tensor.dtype)} != slot dtype "
+                f"{dtype_name(slot.dtype)}"
             )
         if tensor.device != self.buffer.device:
             raise ValueError(

@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from torch_renaissance.memory_plan import MaterializedPlan, MemoryPlan, _dtype_name, _fmt_shape
+from torch_renaissance.memory_plan import MaterializedPlan, MemoryPlan, dtype_name, format_shape
 
 __all__ = ["ArchitectureLayout", "ModelSlots"]
 
@@ -338,12 +338,12 @@ class ModelSlots:
 
     def _planning_arena(self):
         """The arena that plans steps on this device, or None."""
-        from torch_renaissance import allocator
+        from torch_renaissance import installer
 
-        cfg = allocator.installed_config(self.device)
+        cfg = installer.installed_config(self.device)
         if cfg is None or not cfg.planning:
             return None
-        return allocator.get_arena(self.device)
+        return installer.get_arena(self.device)
 
     def _plan_activations(self, arch: _Arch, module: nn.Module, example_inputs: Any):
         """Runs the example forward as planned steps; returns (bytes, LOAD, planned)."""
@@ -703,7 +703,7 @@ class ModelSlots:
         plan = arch.layout.plan
         for key, slot_name in arch.key_slot.items():
             slot = plan.slot(REGION, slot_name)
-            want = f"{_dtype_name(slot.dtype)} of shape {_fmt_shape(slot.shape)}"
+            want = f"{dtype_name(slot.dtype)} of shape {format_shape(slot.shape)}"
             if key not in weights:
                 problems.append(f"missing key {key!r} (expected {want})")
                 continue
@@ -711,8 +711,8 @@ class ModelSlots:
             if not isinstance(t, torch.Tensor):
                 problems.append(f"key {key!r}: a {type(t).__name__}, expected a tensor ({want})")
             elif tuple(t.shape) != slot.shape or t.dtype != slot.dtype:
-                problems.append(f"key {key!r}: {_dtype_name(t.dtype)} of shape "
-                                f"{_fmt_shape(tuple(t.shape))}, expected {want}")
+                problems.append(f"key {key!r}: {dtype_name(t.dtype)} of shape "
+                                f"{format_shape(tuple(t.shape))}, expected {want}")
         extra = [k for k in weights if k not in arch.key_slot]
         for key in extra:
             problems.append(f"unexpected key {key!r} (the architecture has no such parameter "

@@ -28,9 +28,9 @@ class PlanResult:
 
 
 def _ext():
-    from torch_renaissance.allocator import _ext as ext
+    from torch_renaissance.extension import extension
 
-    return ext()
+    return extension()
 
 
 def _columns(lifetimes: Sequence[Tuple[int, int, int]]) -> Tuple[List[int], List[int], List[int]]:

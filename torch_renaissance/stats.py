@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch_renaissance.allocator import _ext, get_arena, is_installed, resolve_device
+from torch_renaissance.extension import extension as _ext
+from torch_renaissance.installer import get_arena, is_installed, resolve_device
 
 
 def _flatten(prefix: str, value: Any, out: list) -> None:
@@ -71,7 +72,8 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict:
     comparable = r["last_step_comparable"]
     r["address_stability"] = r["last_step_same_address"] / comparable if comparable else 0.0
     bound = r["step_load_bytes"] + r["obstacle_bytes"]
-    r["plan_over_load"] = r["plan_bytes"] / bound if bound else 0.0
+    r["plan_over_step_load_and_obstacles"] = r["plan_bytes"] / bound if bound else 0.0
+    r["plan_over_load"] = r["plan_over_step_load_and_obstacles"]  # old name, one release
     return nested
 
 
@@ -82,9 +84,11 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     ``planned_hits`` / ``planned_misses`` / ``planned_conflicts`` (requests in
     planned steps served at their planned offset / not matching the trace /
     matching but blocked by a live block), ``plan_bytes`` (planned territory),
-    ``load_bytes`` (LOAD of the step plus the persistent bytes live at plan
-    time), ``plan_over_load`` (planned territory over the LOAD of the step's
-    buffers and the obstacles inside it), ``variants``, ``layouts``, ``address_stability``
+    ``step_and_persistent_load_bytes`` (LOAD of the step plus the persistent
+    bytes live at plan time; old name ``load_bytes``), ``step_load_bytes`` (the
+    LOAD of the step's planned buffers alone), ``plan_over_step_load_and_obstacles``
+    (planned territory over the LOAD of the step's buffers plus the obstacles
+    inside it; old name ``plan_over_load``), ``variants``, ``layouts``, ``address_stability``
     (fraction of the last step's allocations at the same address as in the
     step before), ``pending_bytes.*``, ``events_recorded``, ``event_queries``.
 

@@ -21,7 +21,7 @@ import time
 import weakref
 from typing import Any, Callable, Hashable, Iterator, List, Optional, TypeVar
 
-from torch_renaissance.allocator import active_arena, get_arena, installed_device, is_installed
+from torch_renaissance.installer import active_arena, get_arena, installed_device, is_installed
 
 F = TypeVar("F", bound=Callable[..., Any])
 

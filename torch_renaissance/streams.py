@@ -56,10 +56,10 @@ class StreamManager:
         if self.device.type != "cpu" and self.device.index is None:
             self.device = torch.device(self.device.type, torch.accelerator.current_device_index())
         if arena is None:
-            from torch_renaissance import allocator
+            from torch_renaissance import installer
 
-            if allocator.is_installed(self.device.type):
-                self._arena = allocator.get_arena(self.device)
+            if installer.is_installed(self.device.type):
+                self._arena = installer.get_arena(self.device)
         if self.device.type == "cpu":
             trivial = torch.Stream(device="cpu")
             self._streams = {r: trivial for r in ROLES}

@@ -49,6 +49,7 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
   if (unit_ == 0 || (unit_ & (unit_ - 1)) != 0) {
     throw std::invalid_argument("device alignment must be a power of two");
   }
+  config_table::validate(config_);  // each key's range (config.h); then the device's rules
   if (config_.small_size % unit_ || config_.small_segment < config_.small_size) {
     throw std::invalid_argument("small_segment must be at least small_size, a multiple of the alignment");
   }
@@ -66,9 +67,6 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
         " bytes) must be a multiple of the alignment and at least min_large_alloc (" +
         std::to_string(config_.min_large_alloc) + " bytes), small_segment (" +
         std::to_string(config_.small_segment) + " bytes) a multiple of the alignment");
-  }
-  if (!(config_.plan_budget_seconds >= 0.0) || config_.plan_budget_seconds > 3600.0) {
-    throw std::invalid_argument("plan_budget_seconds must be in [0, 3600]");
   }
   if (config_.planning) steps_ = std::make_unique<StepPlanner>(*this);
 }
@@ -102,7 +100,10 @@ Arena::~Arena() {
 class Arena::Op {
  public:
   explicit Op(Arena& a) : a_(a), level_(&a.mu_), g_(a.mu_) {}
-  ~Op() { a_.publish_locked(); }
+  ~Op() {
+    if constexpr (debug::kLevel >= 3) a_.debug_check_locked();  // debug.h
+    a_.publish_locked();
+  }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
@@ -624,6 +625,7 @@ Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool, bool p
 std::size_t Arena::limit_reserved_locked() const {
   std::int64_t reserved = stats_.reserved_bytes[0].current;
   if (group_) reserved += group_->reserved_current() - published_.reserved_bytes[0].current;
+  TR_ASSERT(reserved >= 0);
   return static_cast<std::size_t>(std::max<std::int64_t>(reserved, 0));
 }
 
@@ -1450,6 +1452,19 @@ std::string Arena::describe_pointer_locked(const void* ptr) const {
 
 void Arena::check_invariants() const {
   std::lock_guard<std::mutex> g(mu_);
+  check_invariants_locked();
+}
+
+void Arena::debug_check_locked() const noexcept {
+  debug::count_invariant_check();
+  try {
+    check_invariants_locked();
+  } catch (const std::exception& e) {
+    debug::assertion_failed(e.what(), __FILE__, __LINE__);
+  }
+}
+
+void Arena::check_invariants_locked() const {
   auto fail = [](const std::string& m) { throw std::logic_error("arena invariant: " + m); };
   std::int64_t allocated = 0, allocated_n = 0, requested = 0, active = 0, active_n = 0;
   std::int64_t reserved = 0, segments = 0, inactive = 0, inactive_n = 0, pending = 0;

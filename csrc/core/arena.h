@@ -82,6 +82,8 @@
 #include <vector>
 
 #include "core/block.h"
+#include "core/config.h"
+#include "core/debug.h"
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/live_map.h"
@@ -92,27 +94,7 @@
 
 namespace renaissance {
 
-enum class StreamPolicy : std::uint8_t {
-  kDefer,  // pending blocks wait until their event completes (like PyTorch)
-  kWait,   // the allocating stream waits on the event (like cudaMallocAsync)
-};
-
-struct ArenaConfig {
-  std::size_t max_reserved_bytes = 0;  // 0: no limit
-  bool expandable_segments = true;     // used when the backend supports ranges
-  std::size_t range_bytes = 0;         // address space per expandable segment (0: auto)
-  StreamPolicy stream_policy = StreamPolicy::kDefer;
-  // Planned steps.
-  bool planning = true;
-  std::size_t max_variants = 8;
-  double plan_budget_seconds = 0.25;
-  // Pool geometry (PyTorch's defaults).
-  std::size_t small_size = std::size_t(1) << 20;
-  std::size_t small_segment = std::size_t(2) << 20;
-  std::size_t large_segment = std::size_t(20) << 20;
-  std::size_t min_large_alloc = std::size_t(10) << 20;
-  std::size_t round_large = std::size_t(2) << 20;
-};
+// StreamPolicy and ArenaConfig (with the table of its keys) live in config.h.
 
 struct BlockInfo {
   std::uintptr_t address = 0;
@@ -292,6 +274,9 @@ class Arena {
   // and installs it under the lock.
   void finish_plan(std::unique_ptr<StepPlanJob> job);
   void publish_locked() noexcept;
+  void check_invariants_locked() const;
+  // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
+  void debug_check_locked() const noexcept;
 
   // The cheap attempt (planned placement, free lists, growth); nullptr when
   // it does not serve the request.

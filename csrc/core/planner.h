@@ -25,7 +25,7 @@
 // SimpleMemoryArena, XLA GlobalDecreasingSizeBestFitHeap); MiniMalloc
 // (Moffitt, ASPLOS'24); idealloc (Lamprakos et al.).
 //
-// No torch headers here (see DESIGN.md): this file is tested with plain data.
+// No torch headers here (see docs/design.md): this file is tested with plain data.
 #pragma once
 
 #include <cstdint>

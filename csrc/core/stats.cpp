@@ -26,6 +26,7 @@ void StatsGroup::publish(const DeviceStats& now, DeviceStats& published) {
       [](Stat& t, const Stat& n, Stat& p) {
         if (n.current == p.current) return;
         t.current += n.current - p.current;
+        TR_ASSERT(t.current >= 0);  // a device total is the sum of its arenas' currents
         if (t.current > t.peak) t.peak = t.current;
         p.current = n.current;
       },
@@ -34,7 +35,12 @@ void StatsGroup::publish(const DeviceStats& now, DeviceStats& published) {
 
 void StatsGroup::withdraw(const DeviceStats& published) {
   std::lock_guard g(mu_);
-  for_each_stat([](Stat& t, const Stat& p) { t.current -= p.current; }, totals_, published);
+  for_each_stat(
+      [](Stat& t, const Stat& p) {
+        t.current -= p.current;
+        TR_ASSERT(t.current >= 0);
+      },
+      totals_, published);
 }
 
 DeviceStats StatsGroup::totals() const {

@@ -5,7 +5,8 @@
 //   * current = allocated - freed (since the last accumulated reset, current
 //     is kept), peak >= current, and current never goes negative: a decrease
 //     past zero is a logic error and is clamped and counted in
-//     `stat_underflows` so tests can catch it.
+//     `stat_underflows` so tests can catch it; in a TR_DEBUG build (debug.h)
+//     it is an assertion.
 //   * reset_peak() sets peak = current and never changes current;
 //     reset_accumulated() clears allocated / freed only.
 #pragma once
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/debug.h"
 #include "core/lock_order.h"
 
 namespace renaissance {
@@ -26,12 +28,14 @@ struct Stat {
   std::int64_t freed = 0;
 
   void increase(std::int64_t amount) {
+    TR_ASSERT(amount >= 0);  // decreases go through decrease()
     current += amount;
     allocated += amount;
     if (current > peak) peak = current;
   }
   // Returns false (and clamps at 0) if the decrease would go negative.
   bool decrease(std::int64_t amount) {
+    TR_ASSERT(current >= amount);  // a stat never goes below zero
     freed += amount;
     current -= amount;
     if (current < 0) {

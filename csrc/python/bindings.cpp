@@ -89,7 +89,12 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["variants"] = p.variants;
   r["layouts"] = p.layouts;
   r["plan_bytes"] = p.plan_bytes;
-  r["load_bytes"] = p.load_bytes;
+  // Three different LOADs, each with its own name: the step's LOAD plus the
+  // persistent bytes live at plan time (old name load_bytes, kept as an alias
+  // for one release), the glossary's LOAD of the step alone (step_load_bytes);
+  // plan_over_step_load_and_obstacles is computed in torch_renaissance/stats.py.
+  r["step_and_persistent_load_bytes"] = p.load_bytes;
+  r["load_bytes"] = p.load_bytes;  // alias of step_and_persistent_load_bytes
   r["step_load_bytes"] = p.step_load_bytes;
   r["greedy_bytes"] = p.greedy_bytes;
   r["obstacle_bytes"] = p.obstacle_bytes;
@@ -149,48 +154,6 @@ py::list snapshot_list(const std::vector<SegmentInfo>& segs, int device) {
   return out;
 }
 
-template <typename T>
-T option(const std::string& key, py::handle v) {
-  // Exact types only: a float for a byte count, or a string for a flag, is a
-  // mistake to report, not to round or coerce.
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!py::isinstance<py::bool_>(v)) throw py::value_error("arena option '" + key + "' must be a bool");
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
-      throw py::value_error("arena option '" + key + "' must be an int");
-    }
-  }
-  try {
-    return py::cast<T>(v);
-  } catch (const py::cast_error&) {
-    throw py::value_error("arena option '" + key + "' is out of range: " +
-                          py::str(v).cast<std::string>());
-  }
-}
-
-ArenaConfig config_from(const py::kwargs& kw) {
-  ArenaConfig c;
-  for (auto item : kw) {
-    const std::string k = py::cast<std::string>(item.first);
-    py::handle v = item.second;
-    if (k == "max_reserved_bytes") c.max_reserved_bytes = option<std::size_t>(k, v);
-    else if (k == "expandable_segments") c.expandable_segments = option<bool>(k, v);
-    else if (k == "range_bytes") c.range_bytes = option<std::size_t>(k, v);
-    else if (k == "stream_policy") {
-      const std::string p = option<std::string>(k, v);
-      if (p == "defer") c.stream_policy = StreamPolicy::kDefer;
-      else if (p == "wait") c.stream_policy = StreamPolicy::kWait;
-      else throw py::value_error("stream_policy must be 'defer' or 'wait', got '" + p + "'");
-    } else if (k == "planning") c.planning = option<bool>(k, v);
-    else if (k == "max_variants") c.max_variants = option<std::size_t>(k, v);
-    else if (k == "plan_budget_seconds") c.plan_budget_seconds = option<double>(k, v);
-    else if (k == "small_segment") c.small_segment = option<std::size_t>(k, v);
-    else if (k == "large_segment") c.large_segment = option<std::size_t>(k, v);
-    else throw py::value_error("unknown arena option '" + k + "'");
-  }
-  return c;
-}
-
 planner::Problem problem_from(const std::vector<std::uint64_t>& sizes,
                               const std::vector<std::int64_t>& lowers,
                               const std::vector<std::int64_t>& uppers, std::int64_t period,
@@ -229,13 +192,15 @@ using FixedList = std::vector<std::tuple<std::uint64_t, std::uint64_t, std::int6
 
 }  // namespace
 
-ArenaConfig renaissance::arena_config_from_kwargs(const py::kwargs& kw) { return config_from(kw); }
-
 // Loops for benchmarks/test_bench_core.py, defined at the end of this file.
 void bind_benchmark_loops(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_renaissance compiled core: device backends, arena, planner, torch glue";
+  bind_config(m);  // config_keys(), default_arena_config(), arena_config_of()
+  m.attr("debug_level") = debug::kLevel;  // TR_DEBUG (core/debug.h)
+  m.def("debug_invariant_checks", [] { return debug::invariant_checks(); },
+        "Arena invariant checks run by the TR_DEBUG=3 hook in this process (0 below level 3).");
 
   static py::exception<InvalidPointerError> invalid_pointer(m, "InvalidPointerError",
                                                              PyExc_ValueError);
@@ -291,7 +256,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Arena, std::shared_ptr<Arena>>(m, "Arena")
       .def(py::init([](std::shared_ptr<Device> d, const py::kwargs& kw) {
-             return std::make_shared<Arena>(std::move(d), config_from(kw));
+             return std::make_shared<Arena>(std::move(d), arena_config_from_kwargs(kw));
            }),
            py::arg("device"))
       .def(
@@ -420,7 +385,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "install_cpu",
-      [](const py::kwargs& kw) { return install_cpu_allocator(config_from(kw)); },
+      [](const py::kwargs& kw) { return install_cpu_allocator(arena_config_from_kwargs(kw)); },
       "Install the arena as PyTorch's CPU allocator (once per process).");
   bind_benchmark_loops(m);
 #ifdef TR_WITH_CUDA

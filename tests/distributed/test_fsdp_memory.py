@@ -1,6 +1,6 @@
 """plan_fsdp never costs more memory than plain FSDP2 (gloo, CPU, allocator installed).
 
-Issue 17: the plan used to hold FSDP2's first shard memory, a first plan buffer,
+Before this was fixed, the plan held FSDP2's first shard memory, a first plan buffer,
 a gradient region and one all-gather plus one reduce-scatter buffer per group for
 the whole run (GPT-2, world 2: 459 MiB held vs 92 MiB plain). Each case trains one
 seeded model planned and plain on the same batches and checks, on every rank:

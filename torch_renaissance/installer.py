@@ -1,0 +1,192 @@
+"""Installing torch_renaissance as PyTorch's allocator, per device type, and
+finding the arena that serves a device.
+
+The configuration (keys, ``TORCH_RENAISSANCE_CONF``) is
+:mod:`torch_renaissance.config`; loading the compiled extension is
+:mod:`torch_renaissance.extension`.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import asdict
+from typing import Any, Optional
+
+import torch
+
+from torch_renaissance.config import Config, make_config
+from torch_renaissance.extension import extension
+
+_lock = threading.Lock()
+_installed: dict = {}  # device type or "cuda" -> (Config, arena or allocator handle)
+
+
+def _device_type(device: Any) -> str:
+    if isinstance(device, torch.device):
+        return device.type
+    return torch.device(device).type
+
+
+def install(device: Any = "cpu", **config: Any) -> None:
+    """Replaces PyTorch's allocator for ``device`` with a torch_renaissance arena.
+
+    Install before the first tensor of that device: tensors made earlier keep
+    freeing through their own allocator. Installing twice with the same
+    configuration is a no-op with a warning.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"`` or a ``torch.device`` of those types.
+        **config: configuration keys (see the module docstring); they override
+            ``TORCH_RENAISSANCE_CONF``.
+
+    Raises:
+        RuntimeError: already installed with a different configuration; or
+            ``"cuda"`` when the extension was built without CUDA, or after CUDA
+            memory was already allocated.
+        ValueError: an unknown configuration key or a bad value.
+
+    Source: ``c10::SetAllocator`` (c10/core/Allocator.h) for the CPU;
+    ``torch/csrc/cuda/CUDAPluggableAllocator.h`` for CUDA.
+    """
+    kind = _device_type(device)
+    cfg = make_config(**config)
+    with _lock:
+        if kind in _installed:
+            old = _installed[kind][0]
+            if old == cfg:
+                warnings.warn(f"torch_renaissance is already installed for '{kind}' with this "
+                              "configuration; install() did nothing", stacklevel=2)
+                return
+            raise RuntimeError(
+                f"torch_renaissance is already installed for '{kind}' with a different "
+                f"configuration ({_diff(old, cfg)}); the allocator of a process cannot be "
+                "changed once tensors may hold its memory")
+        if kind == "cpu":
+            arena = extension().install_cpu(**cfg.arena_kwargs())
+            _installed[kind] = (cfg, arena)
+        elif kind == "cuda":
+            from torch_renaissance import cuda as _cuda
+
+            _installed[kind] = (cfg, _cuda.install(cfg))
+        else:
+            raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{kind}'")
+        if cfg.planning:
+            _hint_optimizer_state()
+
+
+_optimizer_hooks: list = []
+
+
+def _set_hint(on: bool) -> None:
+    for kind in list(_installed):
+        try:
+            arena = active_arena(kind)
+        except RuntimeError:  # CUDA initialized but unusable: nothing to hint
+            continue
+        if arena is not None:
+            arena.set_persistent_hint(on)
+
+
+def _hint_optimizer_state() -> None:
+    """Marks every ``optimizer.step()`` as a phase whose allocations persist.
+
+    Optimizers create their state (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``)
+    inside their first ``step()``. While a step is recorded the arena packs
+    what is allocated in that phase into a segment of its own, so that the
+    state, which outlives every step, does not end up scattered where the
+    plan of the next steps has to go around it. Uses PyTorch's global
+    optimizer step hooks (``torch.optim.optimizer``).
+    """
+    if _optimizer_hooks:
+        return
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    _optimizer_hooks.append(register_optimizer_step_pre_hook(lambda *a: _set_hint(True)))
+    _optimizer_hooks.append(register_optimizer_step_post_hook(lambda *a: _set_hint(False)))
+
+
+def _diff(old: Config, new: Config) -> str:
+    a, b = asdict(old), asdict(new)
+    return ", ".join(f"{k}: {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k])
+
+
+def is_installed(device: Any = "cpu") -> bool:
+    """True if torch_renaissance serves allocations of ``device``'s type."""
+    return _device_type(device) in _installed
+
+
+def installed_config(device: Any = "cpu") -> Optional[Config]:
+    """The configuration ``device``'s type was installed with, or None."""
+    entry = _installed.get(_device_type(device))
+    return entry[0] if entry else None
+
+
+def resolve_device(device: Any = None) -> "torch.device":
+    """The device torch_renaissance serves for ``device``, with its index for CUDA.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. None
+            means CUDA's current device when CUDA is installed, else the CPU.
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for that device.
+    """
+    dev = installed_device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def installed_device(device: Any = None) -> "torch.device":
+    """``device`` as a ``torch.device`` (None: ``cuda`` when CUDA is installed,
+    else ``cpu``), checked to be installed; unlike :func:`resolve_device` it
+    leaves a CUDA index unset and so never initializes CUDA.
+
+    Raises:
+        RuntimeError: not a CPU or CUDA device, or torch_renaissance is not
+            installed for it.
+    """
+    if device is None:
+        device = "cuda" if "cuda" in _installed else "cpu"
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dev.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{dev.type}'")
+    if dev.type not in _installed:
+        raise RuntimeError(f"torch_renaissance is not installed for '{dev.type}': call "
+                           f"torch_renaissance.install('{dev.type}') first")
+    return dev
+
+
+def active_arena(device: Any):
+    """The arena of ``device`` if it may hold allocations, else None: a CUDA
+    arena only once CUDA is initialized (before that nothing was allocated
+    there, and looking it up would initialize CUDA, e.g. before a script run
+    by ``torch-renaissance run --cuda`` picked its device).
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for ``device``.
+    """
+    if installed_device(device).type == "cuda" and not torch.cuda.is_initialized():
+        return None
+    return get_arena(device)
+
+
+def get_arena(device: Any = None):
+    """The arena serving ``device`` (a ``torch_renaissance._C.Arena``): for
+    CUDA, the device's default arena (graph pools and MemPools have their own).
+
+    Args:
+        device: as for :func:`resolve_device`.
+
+    Raises:
+        RuntimeError: torch_renaissance is not installed for that device.
+    """
+    dev = resolve_device(device)
+    if dev.type == "cpu":
+        return _installed["cpu"][1]
+    from torch_renaissance import cuda as _cuda
+
+    return _cuda.arena(dev.index)
