@@ -32,3 +32,56 @@ def test_planned_keeps_a_plain_function():
 
     g = tr.planned(f)
     assert g.__name__ == "f" and g.__wrapped__ is f
+
+
+@pytest.mark.parametrize("call", [lambda: tr.install(123), lambda: tr.memory_stats(123)])
+def test_a_device_torch_cannot_make_is_named_in_the_error(call):
+    # torch.device(123) is accelerator 123; a CPU-only machine refuses it with
+    # torch's own text ("Cannot access accelerator device ..."), which named
+    # neither the value nor what to pass instead.
+    import torch
+
+    if torch.accelerator.is_available():
+        pytest.skip("an accelerator exists here: 123 may name a device")
+    with pytest.raises(RuntimeError, match=r"123 is not a device it can use \(pass 'cpu', 'cuda' or 'cuda:N'\)"):
+        call()
+
+
+def test_demo_json_to_an_unwritable_path_runs_nothing(tmp_path, capsys):
+    # It used to train all three allocators (minutes) and then lose the
+    # result in a FileNotFoundError traceback.
+    from torch_renaissance import cli
+
+    calls = []
+    real = cli._demo_run
+    cli._demo_run = lambda *a, **k: calls.append(a) or real(*a, **k)
+    try:
+        code = cli.main(["demo", "--json", str(tmp_path / "missing" / "x.json"), "--steps", "4"])
+    finally:
+        cli._demo_run = real
+    err = capsys.readouterr().err
+    assert code == 2 and calls == []
+    assert err.strip().splitlines() == [
+        f"torch-renaissance demo: --json {tmp_path / 'missing' / 'x.json'}: cannot write: "
+        "No such file or directory; nothing was run"]
+
+
+@pytest.mark.parametrize("where", ["missing/x.png", "."])
+def test_plan_png_to_an_unwritable_path_still_prints_the_plan(tmp_path, capsys, where):
+    # It used to print a traceback (FileNotFoundError / IsADirectoryError)
+    # before any of the plan's numbers.
+    pytest.importorskip("matplotlib")
+    from torch_renaissance import cli
+
+    csv = tmp_path / "t.csv"
+    csv.write_text("id,lower,upper,size\n0,0,2,100\n1,1,3,200\n2,2,4,100\n")
+    png = tmp_path / where
+    code = cli.main(["plan", str(csv), "--png", str(png), "--json", "--budget", "0.1"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[0].startswith(f"torch-renaissance plan: --png: {png}: cannot write: ")
+    import json
+
+    plan = json.loads(out.strip().splitlines()[-1])
+    assert plan["load_bytes"] == plan["plan_bytes"] == 300  # 200 + 100 live at once

@@ -121,33 +121,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _open_report(path: str):
-    """Opens ``--report PATH`` before the script runs (and before it can change the
-    working directory), without truncating it; False, with a message, when it cannot
-    be written: the script does not run then."""
+def _open_output(command: str, flag: str, path: str, consequence: str):
+    """Opens an output file (``--report``, ``--json``) before any work is done (and
+    before a script can change the working directory), without truncating it; False,
+    with a one-line message ending in ``consequence``, when it cannot be written."""
     try:
         return open(path, "a", encoding="utf-8")
     except OSError as e:
         reason = e.strerror or str(e)
-        print(f"torch-renaissance run: --report {path}: cannot write: {reason}; the script "
-              "was not run", file=sys.stderr)
+        print(f"torch-renaissance {command}: {flag} {path}: cannot write: {reason}; {consequence}",
+              file=sys.stderr)
         return False
 
 
-def _write_report(f, report, code: int) -> int:
-    """Writes the JSON report; the script's exit code, or 2 when the script succeeded
-    and the report could not be written (e.g. a full disk)."""
+def _open_report(path: str):
+    """``--report PATH`` opened before the script runs; False: the script does not run."""
+    return _open_output("run", "--report", path, "the script was not run")
+
+
+def _write_json(f, data, code: int, command: str = "run", flag: str = "--report") -> int:
+    """Writes ``data`` as JSON to a file from :func:`_open_output`; ``code``, or 2
+    when ``code`` was 0 and the file could not be written (e.g. a full disk)."""
     try:
         with f:
             if f.seekable():  # not /dev/stdout or a pipe
                 f.seek(0)
                 f.truncate()
-            json.dump(report, f, indent=2)
+            json.dump(data, f, indent=2)
     except OSError as e:
-        print(f"torch-renaissance run: --report {f.name}: cannot write: {e.strerror or e}",
+        print(f"torch-renaissance {command}: {flag} {f.name}: cannot write: {e.strerror or e}",
               file=sys.stderr)
         return code or 2
     return code
+
+
+def _write_report(f, report, code: int) -> int:
+    """Writes the JSON report; the script's exit code, or 2 when the script succeeded
+    and the report could not be written (e.g. a full disk)."""
+    return _write_json(f, report, code)
 
 
 # ---------------------------------------------------------------------------
@@ -195,6 +206,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    json_file = _open_output("demo", "--json", args.json, "nothing was run") if args.json else None
+    if json_file is False:
+        return 2
     console = Console(width=None if sys.stdout.isatty() else 120)
     results = {}
     with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
@@ -241,13 +255,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(table)
     same = len({tuple(r["losses"]) for r in results.values()}) == 1
     console.print(f"losses bit-identical across allocators: {'yes' if same else 'NO'}")
-    if args.json:
+    code = 0 if same else 1
+    if json_file:
         out = {title: dict(table_rows[m]) for m, title in DEMO_MODES}
         for m, title in DEMO_MODES:
             out[title]["losses"] = results[m]["losses"]
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return 0 if same else 1
+        code = _write_json(json_file, out, code, "demo", "--json")
+    return code
 
 
 # ---------------------------------------------------------------------------
@@ -317,6 +331,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             trace_mod.plot_plan(tr_, res.offsets, args.png, title=os.path.basename(args.trace))
         except ImportError as e:
             png_error = str(e)
+        except OSError as e:  # the plan is still printed below
+            png_error = f"{args.png}: cannot write: {e.strerror or e}"
     if png_error:
         print(f"torch-renaissance plan: --png: {png_error}", file=sys.stderr)
     if args.json:

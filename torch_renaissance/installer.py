@@ -21,10 +21,24 @@ _lock = threading.Lock()
 _installed: dict = {}  # device type or "cuda" -> (Config, arena or allocator handle)
 
 
-def _device_type(device: Any) -> str:
+def as_torch_device(device: Any) -> torch.device:
+    """``torch.device(device)``, with an error that names the value.
+
+    Raises:
+        RuntimeError: torch cannot make a device of ``device`` (an integer is
+            an accelerator index, which a machine without one refuses).
+    """
     if isinstance(device, torch.device):
-        return device.type
-    return torch.device(device).type
+        return device
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise RuntimeError(f"torch_renaissance: {device!r} is not a device it can use "
+                           f"(pass 'cpu', 'cuda' or 'cuda:N'): {e}") from None
+
+
+def _device_type(device: Any) -> str:
+    return as_torch_device(device).type
 
 
 def install(device: Any = "cpu", **config: Any) -> None:
@@ -151,7 +165,7 @@ def installed_device(device: Any = None) -> "torch.device":
     """
     if device is None:
         device = "cuda" if "cuda" in _installed else "cpu"
-    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    dev = as_torch_device(device)
     if dev.type not in ("cpu", "cuda"):
         raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{dev.type}'")
     if dev.type not in _installed:

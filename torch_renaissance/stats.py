@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from torch_renaissance.extension import extension as _ext
-from torch_renaissance.installer import get_arena, is_installed, resolve_device
+from torch_renaissance.installer import as_torch_device, get_arena, is_installed, resolve_device
 
 
 def _flatten(prefix: str, value: Any, out: list) -> None:
@@ -41,7 +41,7 @@ def _not_installed(device: Any) -> bool:
     resets and ``empty_cache`` do nothing and the statistics are zeros."""
     if device is None:
         return not (is_installed("cpu") or is_installed("cuda"))
-    dev = device if isinstance(device, torch.device) else torch.device(device)
+    dev = as_torch_device(device)
     return dev.type in ("cpu", "cuda") and not is_installed(dev.type)
 
 
