@@ -126,8 +126,15 @@ TRAIN = textwrap.dedent("""
 """)
 
 
+# One intra-op thread in the bit-identity runs: the comparison is across
+# allocators, and a matmul's summation order must not change with how the
+# threads were scheduled (CI saw one run differ at step 2 by an ulp, on a
+# 2-core machine with two OpenMP threads each).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def _train(mode: str, steps: int) -> dict:
-    r = run_python(TRAIN, mode, str(steps))
+    r = run_python(TRAIN, mode, str(steps), env=ONE_THREAD)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
