@@ -47,18 +47,15 @@ def test_a_device_torch_cannot_make_is_named_in_the_error(call):
         call()
 
 
-def test_demo_json_to_an_unwritable_path_runs_nothing(tmp_path, capsys):
+def test_demo_json_to_an_unwritable_path_runs_nothing(tmp_path, capsys, monkeypatch):
     # It used to train all three allocators (minutes) and then lose the
     # result in a FileNotFoundError traceback.
     from torch_renaissance import cli
 
     calls = []
     real = cli._demo_run
-    cli._demo_run = lambda *a, **k: calls.append(a) or real(*a, **k)
-    try:
-        code = cli.main(["demo", "--json", str(tmp_path / "missing" / "x.json"), "--steps", "4"])
-    finally:
-        cli._demo_run = real
+    monkeypatch.setattr(cli, "_demo_run", lambda *a, **k: calls.append(a) or real(*a, **k))
+    code = cli.main(["demo", "--json", str(tmp_path / "missing" / "x.json"), "--steps", "4"])
     err = capsys.readouterr().err
     assert code == 2 and calls == []
     assert err.strip().splitlines() == [
