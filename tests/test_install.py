@@ -30,6 +30,11 @@ def test_parse_conf_values():
     ("stream_policy:eager", "bad value 'eager' for config key 'stream_policy'"),
     ("planning:maybe", "bad value 'maybe' for config key 'planning'"),
     ("max_variants:0", "bad value '0' for config key 'max_variants'"),
+    # A no-break space (pasted from a web page) is not whitespace to the parser, in keys and
+    # values alike, and the message shows it rather than printing what looks like a space.
+    ("planning:false,\xa0max_variants:4", r"unknown config key '\\xa0max_variants'"),
+    ("planning:\xa0false", r"bad value '\\xa0false' for config key 'planning'"),
+    ("stream_policy:wait\xa0", r"bad value 'wait\\xa0' for config key 'stream_policy'"),
 ])
 def test_parse_conf_errors_name_the_problem(text, needle):
     with pytest.raises(ValueError, match=needle):

@@ -130,14 +130,15 @@ def _float_parser(low: float, high: float) -> Callable[[Any], float]:
 
 
 def _flag(value: Any) -> bool:
-    return value if isinstance(value, bool) else BOOL_WORDS[str(value).strip().lower()]
+    # ASCII whitespace only, as for numbers and keys: "\xa0false" is refused like "\xa0planning".
+    return value if isinstance(value, bool) else BOOL_WORDS[str(value).strip(_ASCII_SPACE).lower()]
 
 
 def _choice_parser(choices: str) -> Callable[[Any], str]:
     allowed = choices.split("|")
 
     def parse(value: Any) -> str:
-        text = str(value).strip().lower()
+        text = str(value).strip(_ASCII_SPACE).lower()
         if text not in allowed:
             raise ValueError
         return text
@@ -180,7 +181,7 @@ def _convert(key: str, value: Any) -> Any:
     """Converts one config value, raising ValueError naming the key."""
     parse = _parsers().get(key)
     if parse is None:
-        raise ValueError(f"torch_renaissance: unknown config key '{key}'; known keys: "
+        raise ValueError(f"torch_renaissance: unknown config key {key!r}; known keys: "
                          + ", ".join(_parsers()))
     try:
         return parse(value)
