@@ -275,3 +275,28 @@ def test_cli_plan_refuses_non_regular_files(tmp_path, capsys):
         assert _call_with_deadline(lambda: cli.main(["plan", target]), unblock) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"torch-renaissance plan: {target}: not a regular file"), err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("device", ["all", "0"])
+def test_cli_plan_with_device_refuses_non_regular_files(tmp_path, capsys, device):
+    # With --device the CLI first asks whether the file is a snapshot; for a name without a
+    # .pickle/.csv suffix that reads its first byte, which must not block on a FIFO nor take
+    # /dev/zero's NUL for a CSV nor report a directory with a raw errno.
+    from torch_renaissance import cli
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+
+    def unblock():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    kinds = {str(fifo): "a FIFO", str(tmp_path): "a directory"}
+    if os.path.exists("/dev/zero"):
+        kinds["/dev/zero"] = "a character device"
+    for target, kind in kinds.items():
+        code = _call_with_deadline(lambda: cli.main(["plan", target, "--device", device]), unblock)
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert err.strip() == (f"torch-renaissance plan: {target}: not a regular file ({kind}); "
+                               "a trace is a file"), err

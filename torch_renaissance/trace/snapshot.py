@@ -25,7 +25,7 @@ from torch_renaissance.trace.common import (
     to_int,
 )
 from torch_renaissance.trace.entries import Trace, TraceEntry
-from torch_renaissance.trace.safe_pickle import safe_unpickle
+from torch_renaissance.trace.safe_pickle import open_regular, safe_unpickle
 
 
 def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
@@ -125,11 +125,13 @@ def is_snapshot_file(path: PathLike) -> bool:
 
     Raises:
         OSError: the file has neither extension and cannot be read.
+        ValueError: the file has neither extension and is not a regular file (a FIFO, a
+            device, a directory: refused at once by :func:`open_regular`, never read).
     """
     suffix = Path(path).suffix.lower()
     if suffix in (".csv", ".pickle", ".pkl"):
         return suffix != ".csv"
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         return f.read(1) == b"\x80"
 
 
