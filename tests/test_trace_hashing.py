@@ -189,6 +189,25 @@ def test_segment_addresses_and_devices_are_bounded(tmp_path, segment, where, fie
         T.load_snapshot(path)
 
 
+@pytest.mark.parametrize("stream, needle", [(-7, "must be >= 0, got -7"),
+                                             (2**100, "must be < 2\\*\\*64")])
+@pytest.mark.parametrize("where", ["alloc", "segment"])
+def test_streams_are_bounded_like_the_other_integer_fields(tmp_path, stream, needle, where):
+    # A stream is a cudaStream_t as an integer; found by a tester: -7 and 2**100 were taken.
+    if where == "alloc":
+        snap = {"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": 0, "size": 512, "stream": stream}]]}
+        at = r"device_traces\[0\]\[0\]"
+    else:
+        snap = {"segments": [{"address": 0, "total_size": 512, "stream": stream,
+                              "blocks": []}], "device_traces": []}
+        at = r"segments\[0\]"
+    path = tmp_path / "streams.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    with pytest.raises(ValueError, match=rf"{at}: field 'stream' {needle}"):
+        T.load_snapshot(path)
+
+
 def test_addresses_sharing_hashes_within_64_bits_load_exactly(tmp_path):
     rng = random.Random(11)
     # 500 hash values, 8 addresses each (all of them below 2**64): 4,000 buffers.

@@ -19,6 +19,7 @@ from torch_renaissance.trace.common import (
     DEVICE_LIMIT,
     PathLike,
     SIZE_LIMIT,
+    STREAM_LIMIT,
     brief,
     fmt_int,
     is_int,
@@ -326,7 +327,7 @@ def from_snapshot(
             where = f"device_traces[{device}][{k}]"
             addr = _field_int(e, "addr", w, where, limit=ADDRESS_LIMIT)
             size = _field_int(e, "size", w, where, limit=SIZE_LIMIT)
-            stream = _opt_int(e, "stream", 0, w, where)
+            stream = _opt_int(e, "stream", 0, w, where, minimum=0, limit=STREAM_LIMIT)
             if addr in live:
                 raise w.error(
                     where,
@@ -339,7 +340,7 @@ def from_snapshot(
             where = f"device_traces[{device}][{k}]"
             addr = _field_int(e, "addr", w, where, limit=ADDRESS_LIMIT)
             size = _field_int(e, "size", w, where, limit=SIZE_LIMIT)
-            stream = _opt_int(e, "stream", 0, w, where)
+            stream = _opt_int(e, "stream", 0, w, where, minimum=0, limit=STREAM_LIMIT)
             rec = live.pop(addr, None)
             if rec is not None:
                 records.append((rec[0], 2, rec[3], rec[1], rec[2], tick, addr))
@@ -373,7 +374,7 @@ def from_snapshot(
         where = f"segments[{i}]"
         seg_addr = _field_int(seg, "address", w, where, limit=ADDRESS_LIMIT)
         reserved_at_dump += _field_int(seg, "total_size", w, where, limit=SIZE_LIMIT)
-        seg_stream = _opt_int(seg, "stream", 0, w, where)
+        seg_stream = _opt_int(seg, "stream", 0, w, where, minimum=0, limit=STREAM_LIMIT)
         blocks = seg.get("blocks", [])
         if not isinstance(blocks, list):
             raise w.error(where, f"'blocks' must be a list, got {type(blocks).__name__}")
