@@ -144,8 +144,18 @@ const char* Arena::impossible(std::size_t size) const {
   return nullptr;
 }
 
+void Arena::check_stream(StreamId stream) const {
+  // Stream 0 is every backend's default stream; any other id is the
+  // backend's to vouch for (a SimDevice stream that new_stream() made).
+  if (stream != 0 && !device_->valid_stream(stream)) {
+    throw std::invalid_argument("torch_renaissance: allocation on stream " + std::to_string(stream) +
+                                ", which " + device_->name() + " does not have");
+  }
+}
+
 void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) {
   if (size == 0) return nullptr;
+  check_stream(stream);
   if (const char* why = impossible(size)) {
     Op g(*this);
     raise_oom_locked(size, why);  // the request, not a growth, is what cannot fit
@@ -185,12 +195,14 @@ void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) 
 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0 || impossible(size)) return nullptr;
+  check_stream(stream);
   Op g(*this);
   return allocate_locked(size, stream);
 }
 
 void* Arena::allocate_cached(std::size_t size, StreamId stream) {
   if (size == 0 || size > kMaxRequest) return nullptr;
+  check_stream(stream);
   Op g(*this);
   const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
   Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded,
@@ -310,16 +322,37 @@ void Arena::begin_step(std::uint64_t key) {
   steps_->begin_step(key);
 }
 
-void Arena::end_step() {
+void Arena::end_step() { end_step(false); }
+
+void Arena::end_step(bool checked) {
   std::unique_ptr<StepPlanJob> job;
   {
     Op g(*this);
+    if (checked && steps_ && !steps_->in_step()) {
+      throw std::logic_error(
+          "torch_renaissance: end_step() without an open step on this arena (call begin_step() "
+          "first); nothing was changed");
+    }
     flush_cache_locked();
     boundary_locked();
     if (steps_) job = steps_->end_step();
   }
   finish_plan(std::move(job));
 }
+
+void Arena::begin_step_checked(std::uint64_t key) {
+  if (!steps_) return;
+  Op g(*this);
+  if (steps_->in_step()) {
+    throw std::logic_error(
+        "torch_renaissance: begin_step() while a step is already open on this arena (steps do not "
+        "nest: call end_step() first); nothing was changed");
+  }
+  flush_cache_locked();  // as begin_step: no cache inside a step
+  steps_->begin_step(key);
+}
+
+void Arena::end_step_checked() { end_step(true); }
 
 void Arena::finish_plan(std::unique_ptr<StepPlanJob> job) {
   if (!job) return;

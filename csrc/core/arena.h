@@ -134,7 +134,7 @@ struct PlanStats {
   std::int64_t load_bytes = 0;      // step LOAD + bytes live outside the step at plan time
   std::int64_t step_load_bytes = 0; // LOAD of the step's planned buffers alone
   std::int64_t greedy_bytes = 0;    // greedy-by-size size for the same problem
-  std::int64_t obstacle_bytes = 0;  // live blocks the plan had to avoid
+  std::int64_t obstacle_bytes = 0;  // live bytes under plan_bytes the plan had to avoid
   std::int64_t last_step_allocations = 0;
   std::int64_t last_step_hits = 0;
   std::int64_t last_step_same_address = 0;  // same address as in the previous step
@@ -183,7 +183,9 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   // Returns nullptr for size 0. Runs the out-of-memory ladder (see the top
-  // of this file) at most once, then raises OutOfMemoryError.
+  // of this file) at most once, then raises OutOfMemoryError. A stream id
+  // the device does not have raises std::invalid_argument (this and the
+  // two below; nothing changes).
   void* allocate(std::size_t size, StreamId stream = 0);
   void* allocate(std::size_t size, StreamId stream, const OomHooks& hooks);
   // The cheap attempt only: free lists, completed stream work and growth
@@ -225,6 +227,14 @@ class Arena {
   // training step): layouts and variants are only matched within one key.
   void begin_step(std::uint64_t key = 0);
   void end_step();
+  // The same for callers that must pair them (the Python-facing Arena):
+  // with planning on, begin_step_checked while a step is open and
+  // end_step_checked with none open raise std::logic_error before anything
+  // changes (begin_step would end the open step, end_step would only be a
+  // sync point). With planning off there is no step to lose: begin is a
+  // no-op and end a sync point, as above.
+  void begin_step_checked(std::uint64_t key = 0);
+  void end_step_checked();
   bool in_step() const;
 
   DeviceStats stats() const;
@@ -273,6 +283,7 @@ class Arena {
   // Runs a plan that end_step() prepared under the lock, without the lock,
   // and installs it under the lock.
   void finish_plan(std::unique_ptr<StepPlanJob> job);
+  void end_step(bool checked);  // checked: raise (unchanged) when no step is open
   void publish_locked() noexcept;
   void check_invariants_locked() const;
   // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
@@ -283,6 +294,9 @@ class Arena {
   void* allocate_locked(std::size_t size, StreamId stream);
   // Why no device could ever serve `size` bytes, or nullptr.
   const char* impossible(std::size_t size) const;
+  // Raises std::invalid_argument (arena unchanged) for a stream id the
+  // device does not have.
+  void check_stream(StreamId stream) const;
 
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
