@@ -35,6 +35,17 @@
 //
 // Under a limit, a growth (or a mapping of holes) that would raise the
 // reserved peak while the pool caches free granules unmaps those first.
+// Fixed segments under a limit: a new segment that would raise the peak
+// gives back wholly free segments first, and a wholly free segment larger
+// than large_segment is not split for a request of less than half of it
+// (PyTorch's max_split_size_mb, applied automatically; issue 11 item 2).
+//
+// Fixed segments and planned steps (issue 11 item 5): the territory is a
+// segment of its own, sized to the layout in round_large steps (1.5x the
+// old one when a layout outgrew it). A step that outgrows its layout hands
+// it to the dynamic pool; the next layout takes that segment back when it
+// is large enough and holds nothing allocated outside a step under the new
+// line; otherwise it is retired (given back once wholly free).
 //
 // Out of memory: one ladder per failed request, in allocate() (PyTorch's
 // malloc): the cheap attempt (try_allocate: free lists, completed stream
@@ -313,7 +324,15 @@ class Arena {
   // where the limit or the device refuses.
   Block* grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
   Block* grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
-  Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  // exact: `rounded` in round_large steps, not the pool's segment sizes.
+  Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded,
+                              bool exact = false);
+  // Under a limit: gives back wholly free fixed segments (largest first)
+  // while a new segment of `bytes` would raise the reserved peak.
+  void release_free_segments_for_locked(std::size_t bytes);
+  // Under a limit: b (free) is a wholly free fixed segment too large to be
+  // split for `rounded` (PyTorch's max_split_size_mb, automatic).
+  bool oversize_split_locked(const Block* b, std::size_t rounded) const;
   Segment* expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent = false);
   FreeSet& free_set(PoolKind pool, bool persistent);
   const FreeSet& free_set(const Segment* seg) const;
@@ -469,6 +488,9 @@ class Arena {
   };
   std::vector<EpochEvent> epoch_;
   std::map<StreamId, Segment*> territory_;  // per stream: the segment holding its territory
+  // Fixed segments: per stream, the territory segment a step outgrew (now
+  // dynamic pool), which the next layout takes back when it can.
+  std::map<StreamId, Segment*> outgrown_;
   bool capturing_ = false;        // see set_capturing()
   bool demote_after_capture_ = false;  // a demotion was postponed by a capture
 
