@@ -144,8 +144,18 @@ const char* Arena::impossible(std::size_t size) const {
   return nullptr;
 }
 
+void Arena::check_stream(StreamId stream) const {
+  // Stream 0 is every backend's default stream; any other id is the
+  // backend's to vouch for (a SimDevice stream that new_stream() made).
+  if (stream != 0 && !device_->valid_stream(stream)) {
+    throw std::invalid_argument("torch_renaissance: allocation on stream " + std::to_string(stream) +
+                                ", which " + device_->name() + " does not have");
+  }
+}
+
 void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) {
   if (size == 0) return nullptr;
+  check_stream(stream);
   if (const char* why = impossible(size)) {
     Op g(*this);
     raise_oom_locked(size, why);  // the request, not a growth, is what cannot fit
@@ -185,12 +195,14 @@ void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) 
 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0 || impossible(size)) return nullptr;
+  check_stream(stream);
   Op g(*this);
   return allocate_locked(size, stream);
 }
 
 void* Arena::allocate_cached(std::size_t size, StreamId stream) {
   if (size == 0 || size > kMaxRequest) return nullptr;
+  check_stream(stream);
   Op g(*this);
   const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
   Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded,
@@ -310,16 +322,37 @@ void Arena::begin_step(std::uint64_t key) {
   steps_->begin_step(key);
 }
 
-void Arena::end_step() {
+void Arena::end_step() { end_step(false); }
+
+void Arena::end_step(bool checked) {
   std::unique_ptr<StepPlanJob> job;
   {
     Op g(*this);
+    if (checked && steps_ && !steps_->in_step()) {
+      throw std::logic_error(
+          "torch_renaissance: end_step() without an open step on this arena (call begin_step() "
+          "first); nothing was changed");
+    }
     flush_cache_locked();
     boundary_locked();
     if (steps_) job = steps_->end_step();
   }
   finish_plan(std::move(job));
 }
+
+void Arena::begin_step_checked(std::uint64_t key) {
+  if (!steps_) return;
+  Op g(*this);
+  if (steps_->in_step()) {
+    throw std::logic_error(
+        "torch_renaissance: begin_step() while a step is already open on this arena (steps do not "
+        "nest: call end_step() first); nothing was changed");
+  }
+  flush_cache_locked();  // as begin_step: no cache inside a step
+  steps_->begin_step(key);
+}
+
+void Arena::end_step_checked() { end_step(true); }
 
 void Arena::finish_plan(std::unique_ptr<StepPlanJob> job) {
   if (!job) return;
@@ -488,6 +521,7 @@ Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounde
          ++it, ++probes) {
       Block* b = *it;
       Segment* seg = b->segment;
+      if (oversize_split_locked(b, rounded)) continue;
       if (seg->mapped_bytes < seg->size) {
         const auto off = static_cast<std::size_t>(b->ptr - seg->base);
         const std::size_t need = unmapped_bytes_locked(seg, off, off + rounded);
@@ -786,9 +820,12 @@ std::size_t Arena::unmap_granules_locked(Segment* seg, std::size_t first, std::s
   return released;
 }
 
-Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
+Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded,
+                                  bool exact) {
   std::size_t bytes;
-  if (pool == PoolKind::kSmall) {
+  if (exact) {
+    bytes = round_up(rounded, config_.round_large);
+  } else if (pool == PoolKind::kSmall) {
     bytes = config_.small_segment;
   } else if (rounded < config_.min_large_alloc) {
     bytes = config_.large_segment;
@@ -796,6 +833,7 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
     bytes = round_up(rounded, config_.round_large);
   }
   bytes = std::max(bytes, rounded);  // a segment always holds the request
+  release_free_segments_for_locked(bytes);
   if (over_limit_locked(bytes) && pool == PoolKind::kLarge) bytes = rounded;  // last resort: exact
   if (over_limit_locked(bytes)) return nullptr;
   void* p = device_->reserve(bytes);
@@ -818,6 +856,47 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   stats_.add(stats_.reserved_bytes, pool, static_cast<std::int64_t>(bytes));
   index_free_locked(b);
   return raw;
+}
+
+void Arena::release_free_segments_for_locked(std::size_t bytes) {
+  // Fixed segments' form of recycle_first_locked: under a limit, a new
+  // segment that would raise the reserved peak while wholly free segments
+  // are cached (none of which served the request) gives those back first,
+  // largest first and only as many as it takes (issue 11 item 2). Without a
+  // limit, PyTorch's behaviour: the cache stays until empty_cache or the
+  // out-of-memory ladder.
+  if (!config_.max_reserved_bytes || capturing_) return;
+  auto over = [&] {
+    return stats_.reserved_bytes[0].current + static_cast<std::int64_t>(bytes) >
+           stats_.reserved_bytes[0].peak;
+  };
+  if (!over()) return;
+  std::vector<Segment*> free_segs;
+  for (auto& [base, seg] : segments_) {
+    if (!seg->expandable && seg->wholly_free() && !is_territory_locked(seg.get())) {
+      free_segs.push_back(seg.get());
+    }
+  }
+  std::sort(free_segs.begin(), free_segs.end(),
+            [](const Segment* a, const Segment* b) { return a->size > b->size; });
+  for (Segment* seg : free_segs) {
+    if (!over()) break;
+    release_segment_locked(seg);
+  }
+}
+
+bool Arena::oversize_split_locked(const Block* b, std::size_t rounded) const {
+  // PyTorch's max_split_size_mb, applied under a limit: a wholly free fixed
+  // segment made for a large request (above large_segment) is not split for
+  // a request of less than half of it. The small blocks would pin it: its
+  // free rest could serve no request as large as the one it was made for,
+  // and it could never be given back (issue 11 item 2: #35901's 16 MiB
+  // blocks splitting a cached 3.2 GiB segment). The request grows a segment
+  // of its own instead (the wholly free one is given back first when the
+  // peak would rise, release_free_segments_for_locked).
+  const Segment* seg = b->segment;
+  return config_.max_reserved_bytes && !seg->expandable && seg->pool == PoolKind::kLarge &&
+         !b->prev && !b->next && b->size > config_.large_segment && rounded <= b->size / 2;
 }
 
 std::size_t Arena::release_free_granules_locked(Segment* seg, std::size_t keep_lo,
@@ -889,6 +968,9 @@ void Arena::release_segment_locked(Segment* seg) {
     if (!seg->expandable) ++stats_.num_device_free;  // unmapping counted its runs
   }
   if (is_territory_locked(seg)) territory_.erase(seg->stream);
+  if (auto it = outgrown_.find(seg->stream); it != outgrown_.end() && it->second == seg) {
+    outgrown_.erase(it);
+  }
   char* const base = seg->base;
   const std::size_t capacity = seg->capacity;
   const bool expandable = seg->expandable;
@@ -1302,6 +1384,7 @@ bool Arena::promote_locked(Segment* seg, std::size_t top) {
       [&](Block* b, std::size_t first) { split_locked(b, first); },
       [&](Block* a) { absorb_next_locked(a); });
   territory_[seg->stream] = seg;
+  outgrown_.erase(seg->stream);
   adopt_territory_pending_locked();
   return true;
 }
@@ -1319,6 +1402,7 @@ bool Arena::demote_locked(Segment* seg) {
       [&](Block* b, std::size_t first) { split_locked(b, first); },
       [&](Block* a) { absorb_next_locked(a); });
   territory_.erase(seg->stream);
+  if (!seg->expandable) outgrown_[seg->stream] = seg;  // the next layout's first candidate
   if (seg->retire && seg->live == 0) release_segment_locked(seg);
   return true;
 }
@@ -1349,17 +1433,44 @@ Segment* Arena::territory_segment_locked(StreamId stream, std::size_t top) {
       return promote_locked(seg, top) ? seg : nullptr;
     }
   }
-  // Fixed segments: a dedicated segment holds the territory.
+  // Fixed segments: a dedicated segment holds the territory. The one a
+  // step outgrew (demoted mid-step, its memory in the dynamic pool since)
+  // is the first candidate: a new layout takes it back when it is large
+  // enough and nothing allocated outside a step (held for good) lies under
+  // the new line, instead of holding a second segment beside it. What a
+  // step left live there is mostly its live-outs (gradients), which die
+  // early in the next step; a placement that meets one falls back (the
+  // overlap check), and one that stays makes conflicts that re-plan around
+  // it as an obstacle.
   Segment* old = territory_of_locked(stream);
-  if (old && !old->expandable && old->size >= top) {
+  if (!old) {
+    if (auto it = outgrown_.find(stream); it != outgrown_.end()) old = it->second;
+  }
+  auto free_enough = [](const Segment* seg, std::size_t line) {
+    for (const Block* b = seg->head; b && b->ptr < seg->base + line; b = b->next) {
+      if (b->state != BlockState::kFree && b->step == 0) return false;
+    }
+    return true;
+  };
+  if (old && !old->expandable && old->size >= top &&
+      (is_territory_locked(old) || free_enough(old, top))) {
     return promote_locked(old, top) ? old : nullptr;
   }
+  // Sized to the layout (in round_large steps), not to a large segment's
+  // minimum: a 3 MiB plan holding 10 MiB was most of item 5's excess. A
+  // layout that outgrew its segment gets 1.5x the old size when that is
+  // more, so that lengths growing step by step re-make it a few times, not
+  // every other step.
+  std::size_t bytes = top;
   if (old) {
+    bytes = std::max(bytes, old->size + old->size / 2);
     if (!demote_locked(old)) return nullptr;
-    old->retire = true;
+    outgrown_.erase(stream);
+    old->retire = true;  // released once wholly free (now, or when its last block goes)
     if (old->live == 0) release_segment_locked(old);
   }
-  Segment* seg = new_segment_locked(PoolKind::kLarge, stream, std::max(top, config_.min_large_alloc));
+  Segment* seg = new_segment_locked(PoolKind::kLarge, stream, bytes, /*exact=*/true);
+  if (!seg && bytes > top) seg = new_segment_locked(PoolKind::kLarge, stream, top, /*exact=*/true);
   if (seg && !promote_locked(seg, top)) return nullptr;
   return seg;
 }

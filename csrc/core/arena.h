@@ -35,6 +35,17 @@
 //
 // Under a limit, a growth (or a mapping of holes) that would raise the
 // reserved peak while the pool caches free granules unmaps those first.
+// Fixed segments under a limit: a new segment that would raise the peak
+// gives back wholly free segments first, and a wholly free segment larger
+// than large_segment is not split for a request of less than half of it
+// (PyTorch's max_split_size_mb, applied automatically; issue 11 item 2).
+//
+// Fixed segments and planned steps (issue 11 item 5): the territory is a
+// segment of its own, sized to the layout in round_large steps (1.5x the
+// old one when a layout outgrew it). A step that outgrows its layout hands
+// it to the dynamic pool; the next layout takes that segment back when it
+// is large enough and holds nothing allocated outside a step under the new
+// line; otherwise it is retired (given back once wholly free).
 //
 // Out of memory: one ladder per failed request, in allocate() (PyTorch's
 // malloc): the cheap attempt (try_allocate: free lists, completed stream
@@ -134,7 +145,7 @@ struct PlanStats {
   std::int64_t load_bytes = 0;      // step LOAD + bytes live outside the step at plan time
   std::int64_t step_load_bytes = 0; // LOAD of the step's planned buffers alone
   std::int64_t greedy_bytes = 0;    // greedy-by-size size for the same problem
-  std::int64_t obstacle_bytes = 0;  // live blocks the plan had to avoid
+  std::int64_t obstacle_bytes = 0;  // live bytes under plan_bytes the plan had to avoid
   std::int64_t last_step_allocations = 0;
   std::int64_t last_step_hits = 0;
   std::int64_t last_step_same_address = 0;  // same address as in the previous step
@@ -183,7 +194,9 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   // Returns nullptr for size 0. Runs the out-of-memory ladder (see the top
-  // of this file) at most once, then raises OutOfMemoryError.
+  // of this file) at most once, then raises OutOfMemoryError. A stream id
+  // the device does not have raises std::invalid_argument (this and the
+  // two below; nothing changes).
   void* allocate(std::size_t size, StreamId stream = 0);
   void* allocate(std::size_t size, StreamId stream, const OomHooks& hooks);
   // The cheap attempt only: free lists, completed stream work and growth
@@ -225,6 +238,14 @@ class Arena {
   // training step): layouts and variants are only matched within one key.
   void begin_step(std::uint64_t key = 0);
   void end_step();
+  // The same for callers that must pair them (the Python-facing Arena):
+  // with planning on, begin_step_checked while a step is open and
+  // end_step_checked with none open raise std::logic_error before anything
+  // changes (begin_step would end the open step, end_step would only be a
+  // sync point). With planning off there is no step to lose: begin is a
+  // no-op and end a sync point, as above.
+  void begin_step_checked(std::uint64_t key = 0);
+  void end_step_checked();
   bool in_step() const;
 
   DeviceStats stats() const;
@@ -273,6 +294,7 @@ class Arena {
   // Runs a plan that end_step() prepared under the lock, without the lock,
   // and installs it under the lock.
   void finish_plan(std::unique_ptr<StepPlanJob> job);
+  void end_step(bool checked);  // checked: raise (unchanged) when no step is open
   void publish_locked() noexcept;
   void check_invariants_locked() const;
   // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
@@ -283,6 +305,9 @@ class Arena {
   void* allocate_locked(std::size_t size, StreamId stream);
   // Why no device could ever serve `size` bytes, or nullptr.
   const char* impossible(std::size_t size) const;
+  // Raises std::invalid_argument (arena unchanged) for a stream id the
+  // device does not have.
+  void check_stream(StreamId stream) const;
 
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
@@ -299,7 +324,15 @@ class Arena {
   // where the limit or the device refuses.
   Block* grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
   Block* grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
-  Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  // exact: `rounded` in round_large steps, not the pool's segment sizes.
+  Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded,
+                              bool exact = false);
+  // Under a limit: gives back wholly free fixed segments (largest first)
+  // while a new segment of `bytes` would raise the reserved peak.
+  void release_free_segments_for_locked(std::size_t bytes);
+  // Under a limit: b (free) is a wholly free fixed segment too large to be
+  // split for `rounded` (PyTorch's max_split_size_mb, automatic).
+  bool oversize_split_locked(const Block* b, std::size_t rounded) const;
   Segment* expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent = false);
   FreeSet& free_set(PoolKind pool, bool persistent);
   const FreeSet& free_set(const Segment* seg) const;
@@ -455,6 +488,9 @@ class Arena {
   };
   std::vector<EpochEvent> epoch_;
   std::map<StreamId, Segment*> territory_;  // per stream: the segment holding its territory
+  // Fixed segments: per stream, the territory segment a step outgrew (now
+  // dynamic pool), which the next layout takes back when it can.
+  std::map<StreamId, Segment*> outgrown_;
   bool capturing_ = false;        // see set_capturing()
   bool demote_after_capture_ = false;  // a demotion was postponed by a capture
 

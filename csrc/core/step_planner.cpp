@@ -462,7 +462,15 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   layout->top = round_up(layout->top, arena_.unit_);
   layout->load = job->step_load;
   layout->greedy = r.greedy_size;
-  layout->obstacles = job->obstacle_bytes;
+  // Only what lies under the layout's top is in its way (issue 11): an
+  // obstacle above it bounds nothing, and counting it made
+  // plan_over_step_load_and_obstacles fall below 1.
+  layout->obstacles = 0;
+  for (const planner::FixedBuffer& f : job->problem.fixed) {
+    if (f.offset < layout->top) {
+      layout->obstacles += static_cast<std::size_t>(std::min<std::uint64_t>(f.size, layout->top - f.offset));
+    }
+  }
   layout->persistent = job->persistent;
   layout->conflict_streak = 0;
   if (fresh) layouts_.push_back(std::move(fresh));

@@ -100,7 +100,7 @@ class StepPlanner {
     std::size_t top = 0;       // end of the highest slot
     std::size_t load = 0;      // LOAD of the step's buffers alone
     std::size_t greedy = 0;    // greedy-by-size plan size (same problem)
-    std::size_t obstacles = 0; // bytes of obstacles in the problem
+    std::size_t obstacles = 0; // bytes of obstacles below top (inside the territory)
     std::size_t persistent = 0;  // live bytes outside the step at plan time
     int conflict_streak = 0;
     std::uint64_t key = 0;     // the kind of step it plans

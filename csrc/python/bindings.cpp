@@ -272,9 +272,10 @@ PYBIND11_MODULE(_C, m) {
       .def("empty_cache", &Arena::empty_cache, py::call_guard<py::gil_scoped_release>())
       .def("sync_point", &Arena::sync_point, py::call_guard<py::gil_scoped_release>())
       .def("set_persistent_hint", &Arena::set_persistent_hint, py::arg("on"))
-      .def("begin_step", &Arena::begin_step, py::arg("key") = 0,
+      // Checked: begin twice / end without begin raise RuntimeError, unchanged.
+      .def("begin_step", &Arena::begin_step_checked, py::arg("key") = 0,
            py::call_guard<py::gil_scoped_release>())
-      .def("end_step", &Arena::end_step, py::call_guard<py::gil_scoped_release>())
+      .def("end_step", &Arena::end_step_checked, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("in_step", &Arena::in_step)
       .def("stats", [](const Arena& a) { return stats_dict(a.stats(), a.plan_stats()); })
       .def("last_step",
