@@ -181,6 +181,9 @@ def main(argv=None) -> int:
                 res = run_child(model, mode, preload, args)
                 if res is not None:
                     results[(model, title)].append(res)
+                    print(f"  {model} / {title}: {1000 * res['step_seconds']:.1f} ms, "
+                          f"peak RSS {res['peak_rss_bytes'] / 2**20:.1f} MiB", file=sys.stderr,
+                          flush=True)
     print(f"CPU training step, {args.rounds} alternated rounds x {args.steps} steps (median of steps 4+), "
           f"batch {args.batch} x {args.seq}, {args.threads} intra-op thread(s) — {machine()} — "
           f"commit {git_rev()}")
