@@ -1484,7 +1484,10 @@ bool Arena::would_pass_peak_locked(std::size_t size, std::size_t requested, Pool
 }
 
 void Arena::retire_front(Front& f) {
-  Op g(*this);
+  // Not an Op: this runs in a thread-local destructor, after other
+  // thread-locals (the lock-order checker's list of held locks) may already
+  // be gone. No stats group here (fronts are off in one), so nothing to publish.
+  std::lock_guard<std::mutex> g(mu_);
   for (auto it = fronts_.begin(); it != fronts_.end(); ++it) {
     if (it->get() != &f) continue;
     {
