@@ -160,7 +160,10 @@ void Arena::set_max_reserved_bytes(std::size_t bytes) {
 
 void* Arena::allocate(std::size_t size, StreamId stream) {
   if (size - 1 < front_max_) {  // 0 < size <= front_max_
-    if (void* p = front_allocate(size, stream)) return p;
+    if (void* p = front_allocate(size, stream)) {
+      if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+      return p;
+    }
   }
   return allocate(size, stream, OomHooks{});
 }
@@ -215,7 +218,10 @@ void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0 || impossible(size)) return nullptr;
   if (size <= front_max_) {
-    if (void* p = front_allocate(size, stream)) return p;
+    if (void* p = front_allocate(size, stream)) {
+      if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+      return p;
+    }
   }
   Op g(*this);
   return allocate_locked(size, stream);
@@ -262,7 +268,10 @@ void* Arena::allocate_locked(std::size_t size, StreamId stream) {
 
 void Arena::deallocate(void* ptr) {
   if (!ptr) return;
-  if (front_max_ && front_deallocate(ptr)) return;
+  if (front_max_ && front_deallocate(ptr)) {
+    if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+    return;
+  }
   Op g(*this);
   Block* b = live_block_locked(ptr, "free");
   if (Front* f = b->front) {
@@ -1821,6 +1830,12 @@ std::string Arena::describe_pointer_locked(const void* ptr) const {
 void Arena::check_invariants() const {
   std::lock_guard<std::mutex> g(mu_);
   check_invariants_locked();
+}
+
+void Arena::debug_check_fast_path() const noexcept {
+  // TR_DEBUG=3: a front's operation is an operation too (no Op around it).
+  std::lock_guard<std::mutex> g(mu_);
+  debug_check_locked();
 }
 
 void Arena::debug_check_locked() const noexcept {

@@ -308,6 +308,7 @@ class Arena {
   void check_invariants_locked() const;
   // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
   void debug_check_locked() const noexcept;
+  void debug_check_fast_path() const noexcept;  // the same after a front's operation
 
   // The cheap attempt (planned placement, free lists, growth); nullptr when
   // it does not serve the request.
