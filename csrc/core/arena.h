@@ -72,6 +72,25 @@
 // snapshots, every current stat and the fit guarantee below see the same
 // free space as without it (only inactive_split's peak may differ).
 //
+// Per-thread front (issue 14; free_cache.h, docs/design.md): in front of
+// all of the above, each thread that uses an arena without a stats group has
+// a front of its own, reached without the arena's lock. A block of the small
+// pool that a thread was given outside a step (no stream use, not planned,
+// not in territory) is *held* by that thread's front: the front finds it by
+// address when the thread frees it, and keeps it in a per-(stream, size) bin
+// to hand out again, all under the front's own lock. Held blocks stay
+// allocated in the arena's books (state, live map, every stat); what the
+// front served since the last *fold* is in its counters, and a fold adds
+// those to the books and gives the cached blocks back (merged). Folds: every
+// flush of the free cache (so every point listed above), stats(),
+// reset_peak_stats(), reset_accumulated_stats(), a step boundary or capture
+// (the fronts are closed inside steps and captures), thread exit (the
+// thread's front is given back), and any allocation that would raise a
+// current value of the books above its peak: the books are never below the
+// true values and a front never serves a request larger than the block's
+// booked size, so the true values never pass a peak unseen and peaks stay
+// exact. A block freed by another thread goes back to its holder's front.
+//
 // Fit guarantee (expandable segments, tested with hypothesis): after the
 // ladder's release, the arena's reserved bytes are the granules its live and
 // pending blocks touch (their footprint) plus what the small pool keeps, so
@@ -81,6 +100,7 @@
 // block.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -97,6 +117,7 @@
 #include "core/debug.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "core/free_cache.h"
 #include "core/live_map.h"
 #include "core/lock_order.h"
 #include "core/planner.h"
@@ -273,10 +294,20 @@ class Arena {
   };
   CacheInfo cache_info() const;
 
-  // fork() safety (pthread_atfork): hold the lock across the fork so the
-  // child never inherits it held by a thread that does not exist there.
-  void lock_for_fork() { mu_.lock(); }
-  void unlock_after_fork() { mu_.unlock(); }
+  // fork() safety (pthread_atfork): hold the lock (and every front's) across
+  // the fork so the child never inherits one held by a thread that does not
+  // exist there.
+  void lock_for_fork();
+  void unlock_after_fork();
+  // For free_cache.cpp: a thread that exits gives its front back (folded;
+  // its cached blocks freed, its live blocks no longer held).
+  void retire_front(Front& f);
+  // Fronts this arena has (one per thread that used it), for tests.
+  std::size_t front_count() const;
+  // Turns the per-thread fronts on (the default where the arena has no
+  // stats group) or off (folded first); for benchmarks and tests that
+  // compare the two. A no-op for an arena in a stats group.
+  void set_fronts(bool on);
   // Capture mode (a CUDA graph capture or another private-pool window is
   // open on the device): while on, the arena records, queries, waits on and
   // synchronizes no event and gives no memory back to the device (no event
@@ -299,6 +330,7 @@ class Arena {
   void check_invariants_locked() const;
   // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
   void debug_check_locked() const noexcept;
+  void debug_check_fast_path() const noexcept;  // the same after a front's operation
 
   // The cheap attempt (planned placement, free lists, growth); nullptr when
   // it does not serve the request.
@@ -401,6 +433,32 @@ class Arena {
     return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> 59);  // kCacheBins == 32
   }
 
+  // --- per-thread front (free_cache.h; see the top of this file) ---------
+  // The fast paths: no arena lock. nullptr / false: take the slow path.
+  void* front_allocate(std::size_t size, StreamId stream) noexcept;
+  bool front_deallocate(void* ptr) noexcept;
+  // The calling thread's front, made on first use; nullptr when fronts are
+  // off or the thread is exiting.
+  Front* my_front_locked();
+  bool front_eligible_locked(const Block* b) const;
+  // After a slow allocation / at a slow free (f locked by the caller).
+  void front_hold_live_locked(Front& f, Block* b, std::size_t requested);
+  bool front_hold_freed_locked(Front& f, Block* b);
+  // Puts a live block held by f into one of its bins (f locked).
+  static bool front_cache(Front& f, Block* b) noexcept;
+  // f no longer holds live block b; b's booked requested becomes its caller's.
+  static void front_drop_locked(Front& f, Block* b);
+  // Adds f's counters to the books, books its live blocks' sizes and frees
+  // its cached blocks (f locked); with `release`, f then holds nothing.
+  // True when it freed any block.
+  bool fold_front_locked(Front& f, bool release);
+  bool fold_fronts_locked(bool release);  // every front; true when any block was freed
+  // Opens the fronts outside steps and captures; closing folds them.
+  void update_fronts_open_locked();
+  // Whether booking a block of `size` bytes (`requested` asked) would raise
+  // a current value of the books above its peak while fronts may hold slack.
+  bool would_pass_peak_locked(std::size_t size, std::size_t requested, PoolKind pool) const;
+
   // --- free blocks ---------------------------------------------------------
   void index_free_locked(Block* b);    // insert into the right free index
   void unindex_free_locked(Block* b);  // remove from its free index
@@ -495,6 +553,15 @@ class Arena {
   bool demote_after_capture_ = false;  // a demotion was postponed by a capture
 
   std::unique_ptr<StepPlanner> steps_;
+
+  // Per-thread fronts (free_cache.h). fronts_ and registry_ under mu_.
+  const std::uint64_t serial_;  // never reused: names this arena in thread-local lookups
+  const bool fronts_enabled_;   // off for arenas in a stats group (its totals are the books)
+  bool fronts_wanted_ = true;   // set_fronts()
+  std::size_t front_max_ = 0;   // largest request a front serves (0: fronts off)
+  std::atomic<bool> fronts_open_{false};  // no step and no capture (read under a front's lock)
+  std::vector<std::shared_ptr<Front>> fronts_;
+  std::shared_ptr<FrontRegistry> registry_;
 };
 
 }  // namespace renaissance

@@ -10,8 +10,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <random>
 #include <mutex>
 #include <new>
 #include <string>
@@ -333,7 +336,11 @@ PYBIND11_MODULE(_C, m) {
           "Bytes in the free cache now (freed blocks kept for reuse).")
       .def_property_readonly(
           "cached_blocks", [](const Arena& a) { return a.cache_info().blocks; },
-          "Blocks in the free cache now.")
+          "Blocks in the free cache now (the shared cache and every thread's front).")
+      .def("set_fronts", &Arena::set_fronts, py::arg("on"), py::call_guard<py::gil_scoped_release>(),
+           "Per-thread fronts on (the default for arenas of their own) or off (folded first).")
+      .def_property_readonly("front_count", &Arena::front_count,
+                             "Per-thread fronts the arena has now (one per thread that used it).")
       .def("set_capturing", &Arena::set_capturing, py::arg("capturing"))
       .def_property_readonly("rounding", &Arena::rounding)
       .def_property_readonly("device", [](Arena& a) { return a.device().name(); });
@@ -533,9 +540,134 @@ std::uintptr_t run_steps(const Ops& ops, const std::vector<std::uint64_t>& sizes
   return acc;
 }
 
+// A threaded stress run (tests/test_free_cache.py): `threads` threads, each
+// `ops` seeded operations: allocate (a tag written into the block), free one
+// of its own blocks, give one to another thread, or free what others gave it.
+// A shared map of live ranges catches a block handed out twice (an overlap
+// with a live range) and each free checks its block's tag. Thread 0 also
+// checks the arena's invariants while the others run. At the end every
+// thread frees what it holds. Returns (allocations, requested bytes,
+// cross-thread frees); raises RuntimeError on the first violation.
+std::tuple<std::int64_t, std::int64_t, std::int64_t> stress_threads(Arena& arena,
+                                                                    std::size_t threads,
+                                                                    std::size_t ops,
+                                                                    std::uint64_t seed) {
+  check_threads(threads);
+  static constexpr std::size_t kSizes[] = {1,          64,           100,       512,
+                                           4 << 10,    64 << 10,     100 << 10, 1 << 20,
+                                           (1 << 20) + 1, 3 << 20};
+  struct Live {
+    std::size_t size;
+    std::uint64_t tag;
+  };
+  std::mutex mu;  // guards live, mailboxes and first_error
+  std::map<std::uintptr_t, Live> live;
+  std::vector<std::vector<std::pair<void*, std::uint64_t>>> mailbox(threads);
+  std::string first_error;
+  std::atomic<std::int64_t> allocs{0}, requested{0}, given{0};
+  std::atomic<std::size_t> finished{0};
+  auto fail = [&](const std::string& m) {
+    std::lock_guard<std::mutex> g(mu);
+    if (first_error.empty()) first_error = m;
+  };
+  auto enter = [&](void* p, std::size_t size, std::uint64_t tag) {
+    const auto a = to_int(p);
+    std::lock_guard<std::mutex> g(mu);
+    auto it = live.lower_bound(a);
+    if (it != live.end() && it->first < a + size) {
+      if (first_error.empty()) first_error = "a block was handed out while a live block overlaps it";
+    }
+    if (it != live.begin() && std::prev(it)->first + std::prev(it)->second.size > a) {
+      if (first_error.empty()) first_error = "a block was handed out inside a live block";
+    }
+    live[a] = Live{size, tag};
+  };
+  auto leave = [&](void* p, std::uint64_t tag) {
+    std::uint64_t seen = 0;
+    std::lock_guard<std::mutex> g(mu);
+    auto it = live.find(to_int(p));
+    if (it == live.end() || it->second.tag != tag) {
+      if (first_error.empty()) first_error = "a freed pointer was not live with its tag";
+      return;
+    }
+    std::memcpy(&seen, p, sizeof seen);
+    if (seen != tag && first_error.empty()) first_error = "a live block was overwritten (handed out twice)";
+    live.erase(it);
+  };
+  py::gil_scoped_release nogil;
+  on_threads(threads, [&](std::size_t t) {
+    std::mt19937_64 rng(seed * 1000003 + t);
+    std::vector<std::pair<void*, std::uint64_t>> mine;
+    std::uint64_t counter = 0;
+    auto take_mail = [&] {
+      std::vector<std::pair<void*, std::uint64_t>> got;
+      {
+        std::lock_guard<std::mutex> g(mu);
+        got.swap(mailbox[t]);
+      }
+      for (auto [p, tag] : got) {
+        leave(p, tag);
+        arena.deallocate(p);
+      }
+    };
+    for (std::size_t k = 0; k < ops; ++k) {
+      const unsigned r = static_cast<unsigned>(rng() % 100);
+      if (r < 45 || mine.empty()) {
+        // Mostly small sizes: the fronts' path.
+        const std::size_t size = kSizes[rng() % 10 < 8 ? rng() % 7 : 7 + rng() % 3];
+        void* p = arena.allocate(size, 0);
+        const std::uint64_t tag = (static_cast<std::uint64_t>(t) << 48) | ++counter;
+        std::memcpy(p, &tag, sizeof tag);
+        enter(p, size, tag);
+        mine.emplace_back(p, tag);
+        allocs += 1;
+        requested += static_cast<std::int64_t>(size);
+      } else if (r < 85) {
+        const std::size_t i = rng() % mine.size();
+        auto [p, tag] = mine[i];
+        mine[i] = mine.back();
+        mine.pop_back();
+        leave(p, tag);
+        arena.deallocate(p);
+      } else if (r < 95 && threads > 1) {
+        const std::size_t to = (t + 1 + rng() % (threads - 1)) % threads;
+        std::lock_guard<std::mutex> g(mu);
+        mailbox[to].push_back(mine.back());
+        mine.pop_back();
+        given += 1;
+      } else {
+        take_mail();
+      }
+      if (t == 0 && k % 257 == 0) {
+        try {
+          arena.check_invariants();  // with the other threads' fronts in use
+        } catch (const std::exception& e) {
+          fail(e.what());
+        }
+      }
+    }
+    // Nothing is given after every thread got here; then each frees its own.
+    ++finished;
+    while (finished.load() < threads) std::this_thread::yield();
+    take_mail();
+    for (auto [p, tag] : mine) {
+      leave(p, tag);
+      arena.deallocate(p);
+    }
+  });
+  if (!first_error.empty()) throw std::runtime_error("stress_threads: " + first_error);
+  if (!live.empty()) throw std::runtime_error("stress_threads: blocks left live");
+  return {allocs.load(), requested.load(), given.load()};
+}
+
 }  // namespace
 
 void bind_benchmark_loops(py::module_& m) {
+  m.def("stress_threads", &stress_threads, py::arg("arena"), py::arg("threads"), py::arg("ops"),
+        py::arg("seed") = 0,
+        "A threaded stress run for tests (see bindings.cpp): returns (allocations, requested "
+        "bytes, blocks freed by another thread); raises RuntimeError on a block handed out "
+        "twice or a broken invariant.");
   m.def(
       "bench_pairs",
       [](Arena& a, std::size_t size, std::size_t pairs, std::size_t threads, StreamId stream) {
