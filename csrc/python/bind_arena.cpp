@@ -61,10 +61,10 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["event_queries"] = s.event_queries;
   r["steps"] = p.steps;
   r["planned_steps"] = p.planned_steps;
-  r["planned_requests"] = p.requests;
-  r["planned_hits"] = p.hits;
-  r["planned_misses"] = p.misses;
-  r["planned_conflicts"] = p.conflicts;
+  r["planned_requests"] = p.planned_requests;
+  r["planned_hits"] = p.planned_hits;
+  r["planned_misses"] = p.planned_misses;
+  r["planned_conflicts"] = p.planned_conflicts;
   r["plans"] = p.plans;
   r["variants"] = p.variants;
   r["layouts"] = p.layouts;
@@ -164,7 +164,7 @@ void bind_arena(py::module_& m) {
            [](const Arena& a) {
              const StepRecord r = a.last_step();
              py::list entries;
-             for (const TraceRecord& e : r.entries) {
+             for (const TraceEntry& e : r.entries) {
                py::dict d;
                d["size"] = e.size;
                d["stream"] = e.stream;
