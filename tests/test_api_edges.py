@@ -34,7 +34,8 @@ def test_planned_keeps_a_plain_function():
     assert g.__name__ == "f" and g.__wrapped__ is f
 
 
-@pytest.mark.parametrize("call", [lambda: tr.install(123), lambda: tr.memory_stats(123)])
+@pytest.mark.parametrize("call", [lambda: tr.install(123), lambda: tr.memory_stats(123),
+                                  lambda: tr.ModelSlots(123), lambda: tr.StreamManager(123)])
 def test_a_device_torch_cannot_make_is_named_in_the_error(call):
     # torch.device(123) is accelerator 123; a CPU-only machine refuses it with
     # torch's own text ("Cannot access accelerator device ..."), which named
@@ -45,6 +46,17 @@ def test_a_device_torch_cannot_make_is_named_in_the_error(call):
         pytest.skip("an accelerator exists here: 123 may name a device")
     with pytest.raises(RuntimeError, match=r"123 is not a device it can use \(pass 'cpu', 'cuda' or 'cuda:N'\)"):
         call()
+
+
+@pytest.mark.parametrize("make", [lambda d: tr.ModelSlots(d), lambda d: tr.StreamManager(d)])
+@pytest.mark.parametrize("bad", ["gpu:0", "cuda:x", 1.5])
+def test_model_slots_and_stream_manager_name_a_bad_device(make, bad):
+    # Both called torch.device() themselves, whose errors name neither the
+    # value (for a float) nor what to pass; now they give installer's error.
+    with pytest.raises(RuntimeError, match=r"torch_renaissance: .* is not a device it can use "
+                                           r"\(pass 'cpu', 'cuda' or 'cuda:N'\)") as e:
+        make(bad)
+    assert repr(bad) in str(e.value)
 
 
 def test_demo_json_to_an_unwritable_path_runs_nothing(tmp_path, capsys, monkeypatch):

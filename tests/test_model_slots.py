@@ -501,3 +501,17 @@ def test_switch_and_swap_allocate_nothing_and_keep_every_address():
         st = r["stats"]
         assert st["loads"] == 1 and st["swaps"] == 1 and st["switches"] == 2
         assert st["mean_switch_seconds"] > 0
+
+
+def test_old_import_paths_name_the_package_classes():
+    # model_slots.py became the model_slots/ package: the old module path and
+    # its public names still work and are the same objects.
+    import torch_renaissance as tr
+    import torch_renaissance.model_slots as ms
+    from torch_renaissance.model_slots.records import ArchitectureLayout
+    from torch_renaissance.model_slots.slots import ModelSlots as Facade
+
+    assert ms.ModelSlots is tr.ModelSlots is Facade
+    assert ms.ArchitectureLayout is ArchitectureLayout
+    assert ms.REGION == "weights"
+    assert ms.__all__ == ["ArchitectureLayout", "ModelSlots", "REGION", "Weights"]

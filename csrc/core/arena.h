@@ -155,10 +155,11 @@ struct SegmentInfo {
 struct PlanStats {
   std::int64_t steps = 0;           // step boundaries seen
   std::int64_t planned_steps = 0;   // steps that replayed a plan
-  std::int64_t requests = 0;        // allocations inside planned steps
-  std::int64_t hits = 0;            // served where the plan said
-  std::int64_t misses = 0;          // did not match the trace (size, stream, count)
-  std::int64_t conflicts = 0;       // matched, but the range was still live
+  // Named as their stats keys (renaissance.planned_*), in every layer.
+  std::int64_t planned_requests = 0;   // allocations inside planned steps
+  std::int64_t planned_hits = 0;       // served where the plan said
+  std::int64_t planned_misses = 0;     // did not match the trace (size, stream, count)
+  std::int64_t planned_conflicts = 0;  // matched, but the range was still live
   std::int64_t plans = 0;           // plans computed
   std::int64_t variants = 0;        // variants kept now
   std::int64_t layouts = 0;         // layouts (structures) kept now
@@ -174,8 +175,10 @@ struct PlanStats {
   double plan_seconds = 0.0;        // time spent in the planner, total
 };
 
-// One allocation of the last completed step (for exports and tests).
-struct TraceRecord {
+// One allocation of the last completed step (for exports and tests): the
+// C++ side of Python's torch_renaissance.trace.TraceEntry (same fields;
+// Arena.last_step()["entries"] are its dicts).
+struct TraceEntry {
   std::size_t size = 0;       // bytes (rounded)
   StreamId stream = 0;
   std::int64_t alloc_time = 0;
@@ -187,8 +190,11 @@ struct TraceRecord {
 struct StepRecord {
   std::uint64_t step = 0;
   std::int64_t end_time = 0;
-  std::vector<TraceRecord> entries;
+  std::vector<TraceEntry> entries;
 };
+
+// The old name of TraceEntry, kept for one release.
+using TraceRecord = TraceEntry;
 
 class StepPlanner;
 struct StepPlanJob;

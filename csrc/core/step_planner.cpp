@@ -39,9 +39,9 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   // During a CUDA-graph capture no event may be waited on: no replay then.
   if (!open_ || !replaying_ || !active_ || arena_.capturing_) return nullptr;
   const std::size_t i = cur_->entries.size();
-  ++stats_.requests;
+  ++stats_.planned_requests;
   if (!fits(*active_, i, rounded, stream) && !switch_layout(i, rounded, stream)) {
-    ++stats_.misses;
+    ++stats_.planned_misses;
     missed_ = true;
     const bool same_structure = i < active_->slots.size() && active_->slots[i].stream == stream;
     if (same_structure) {
@@ -62,17 +62,17 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   }
   const Slot& s = active_->slots[i];
   if (s.dynamic) {
-    ++stats_.hits;
+    ++stats_.planned_hits;
     ++cur_hits_;
     return nullptr;
   }
   Block* b = place_slot(s, requested, rounded, stream);
   if (!b) {
-    ++stats_.conflicts;
+    ++stats_.planned_conflicts;
     ++step_conflicts_;
     return nullptr;
   }
-  ++stats_.hits;
+  ++stats_.planned_hits;
   ++cur_hits_;
   return b;
 }
