@@ -119,7 +119,7 @@ def test_parameters_are_views_into_the_slot_set():
 
 
 @pytest.mark.parametrize("op", ["load", "swap"])
-@pytest.mark.parametrize("bad", ["missing", "extra", "shape", "dtype"])
+@pytest.mark.parametrize("bad", ["missing", "extra", "shape", "dtype", "sparse", "meta"])
 def test_bad_weights_raise_naming_the_key_and_nothing_is_lost(op, bad):
     slots = registered(archs=("mlp", "gnn"))
     good = S.make_weights("mlp", 1)
@@ -142,9 +142,17 @@ def test_bad_weights_raise_naming_the_key_and_nothing_is_lost(op, bad):
     elif bad == "shape":
         w["head.weight"] = torch.zeros(16, 511)
         key, expect = "head.weight", "expected float32 of shape (16, 512)"
-    else:
+    elif bad == "dtype":
         w["body.0.bias"] = w["body.0.bias"].double()
         key, expect = "body.0.bias", "expected float32 of shape (512,)"
+    elif bad == "sparse":
+        # Shape and dtype match; copy_() from it fails. Found by a tester: the first
+        # tensors were already copied, leaving the model half-swapped.
+        w["head.bias"] = w["head.bias"].to_sparse()
+        key, expect = "head.bias", "a sparse_coo tensor, expected a dense float32 of shape (16,)"
+    else:
+        w["head.bias"] = torch.empty_like(w["head.bias"], device="meta")
+        key, expect = "head.bias", "a meta tensor (no data), expected a dense float32"
     with pytest.raises(ValueError) as err:
         if op == "load":
             slots.load("new", "mlp", w)

@@ -97,7 +97,8 @@ def validate(arch: Arch, weights: Weights, model_name: str) -> Dict[str, torch.T
     Raises:
         TypeError: ``weights`` is neither a mapping nor an ``nn.Module``.
         ValueError: a key is missing or unexpected, or a tensor has the wrong
-            shape or dtype (the first five problems are named).
+            shape or dtype, or is not a dense strided tensor with data (sparse, meta,
+            quantized, nested); the first five problems are named.
     """
     if isinstance(weights, nn.Module):
         weights = weights.state_dict()
@@ -119,6 +120,13 @@ def validate(arch: Arch, weights: Weights, model_name: str) -> Dict[str, torch.T
         elif tuple(t.shape) != slot.shape or t.dtype != slot.dtype:
             problems.append(f"key {key!r}: {dtype_name(t.dtype)} of shape "
                             f"{format_shape(tuple(t.shape))}, expected {want}")
+        elif t.layout is not torch.strided or t.is_meta or t.is_quantized or t.is_nested:
+            # Shape and dtype match, yet copy_() into the slot would fail part-way
+            # through the model (a sparse or meta tensor has no bytes to copy).
+            kind = ("a meta tensor (no data)" if t.is_meta else
+                    f"a {str(t.layout).replace('torch.', '')} tensor" if t.layout is not torch.strided
+                    else "a quantized tensor" if t.is_quantized else "a nested tensor")
+            problems.append(f"key {key!r}: {kind}, expected a dense {want}")
     extra = [k for k in weights if k not in arch.key_slot]
     for key in extra:
         problems.append(f"unexpected key {key!r} (the architecture has no such parameter "
