@@ -94,3 +94,32 @@ def test_plan_png_to_an_unwritable_path_still_prints_the_plan(tmp_path, capsys, 
 
     plan = json.loads(out.strip().splitlines()[-1])
     assert plan["load_bytes"] == plan["plan_bytes"] == 300  # 200 + 100 live at once
+
+
+def test_memory_summary_lines_are_one_width_and_numbers_are_the_stats():
+    # Found by a tester: 11-character cells in 10-character columns, and a frame of 83
+    # characters around rows of 87.
+    import textwrap
+
+    from conftest import run_python
+
+    r = run_python(textwrap.dedent("""
+        import torch, torch_renaissance as tr
+        before = tr.memory_summary("cpu")          # as memory_stats: zeros, not an error
+        assert "not installed" in before.splitlines()[1], before
+        assert {len(l) for l in before.splitlines()} == {91}, before
+        tr.install("cpu")
+        x = torch.empty(1 << 20)                    # 4 MiB, one large-pool block
+        s = tr.memory_stats("cpu")
+        out = tr.memory_summary("cpu")
+        lines = out.splitlines()
+        assert {len(l) for l in lines} == {91}, out
+        row = next(l for l in lines if l.startswith("|Allocated memory"))
+        cells = [c.strip() for c in row.split("|")[2:6]]
+        assert cells[0] == "4.00 MiB" and cells[3] == "0 B", cells
+        assert s["allocated_bytes.all.current"] == 4 << 20
+        row = next(l for l in lines if l.startswith("|Allocations"))
+        assert [int(c) for c in row.split("|")[2:6]] == [1, 1, 1, 0], row
+        print("OK")
+    """))
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr
