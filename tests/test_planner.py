@@ -179,7 +179,8 @@ def test_cli_plan_json_and_png(shared_data, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) == {"buffers", "load_bytes", "greedy_bytes", "plan_bytes", "pytorch_reserved_bytes",
-                        "plan_seconds", "lower_bound_bytes", "optimal", "stopped_by"}
+                        "pytorch_reserved_at_dump_bytes", "plan_seconds", "lower_bound_bytes",
+                        "optimal", "stopped_by"}
     assert out["stopped_by"] in ("bound", "work", "clock", "done")
     assert out["optimal"] == (out["plan_bytes"] == out["lower_bound_bytes"])
     assert out["load_bytes"] <= out["lower_bound_bytes"] <= out["plan_bytes"]
@@ -188,6 +189,7 @@ def test_cli_plan_json_and_png(shared_data, tmp_path):
     assert out["pytorch_reserved_bytes"] == tr.pytorch_reserved_peak
     assert out["load_bytes"] <= out["plan_bytes"] <= out["greedy_bytes"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["pytorch_reserved_at_dump_bytes"] == tr.pytorch_reserved_at_dump
     r = _cli(str(shared_data / "dsa" / "minimalloc_C.csv"), "--json")
     assert json.loads(r.stdout)["pytorch_reserved_bytes"] is None
 
@@ -450,3 +452,22 @@ def test_numpy_integers_are_plain_integers_to_the_planner():
 
     r = P.plan_lifetimes([(np.int64(6), np.int32(0), 2), (4, np.uint8(1), np.int64(3))])
     assert r.plan_bytes == 10 and r.offsets in ([0, 6], [4, 0])
+
+
+def test_cli_plan_shows_reserved_at_dump_when_a_snapshot_has_no_segment_events(shared_data):
+    # gpt_train_b has no segment_* events: its reserved peak is unknown, but what PyTorch held
+    # when the snapshot was taken is (the segments list). Was: "PyTorch reserved n/a".
+    from torch_renaissance import trace as T
+
+    path = shared_data / "snapshots" / "gpt_train_b.pickle"
+    tr = T.load_snapshot(path)
+    assert tr.pytorch_reserved_peak is None and tr.pytorch_reserved_at_dump > tr.load_bytes()
+    r = _cli(str(path), "--budget", "0.2")
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("PyTorch reserved"))
+    pct = 100 * (tr.pytorch_reserved_at_dump / tr.load_bytes() - 1)
+    assert f"{tr.pytorch_reserved_at_dump / 2**20:.1f} MiB" in line and f"{pct:+.2f}% vs LOAD" in line
+    assert "when the snapshot was taken" in line
+    out = json.loads(_cli(str(path), "--json", "--budget", "0.2").stdout)
+    assert out["pytorch_reserved_bytes"] is None
+    assert out["pytorch_reserved_at_dump_bytes"] == tr.pytorch_reserved_at_dump

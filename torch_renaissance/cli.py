@@ -278,6 +278,9 @@ def _plan_json(tr_, res) -> dict:
         "optimal": res.optimal,
         "stopped_by": res.stopped_by,
         "pytorch_reserved_bytes": tr_.pytorch_reserved_peak,
+        # What PyTorch held when the snapshot was taken: the only reserved number of a
+        # snapshot without segment events (its peak is then unknown).
+        "pytorch_reserved_at_dump_bytes": tr_.pytorch_reserved_at_dump,
         "plan_seconds": res.seconds,
     }
 
@@ -346,10 +349,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"buffers            {out['buffers']}")
     print(f"LOAD               {_mib(res.load_bytes)}  ({res.load_bytes} bytes)")
     print(f"greedy by size     {_mib(res.greedy_bytes)}{vs(res.greedy_bytes)}"
-          + ("" if res.greedy_bytes else "  (not finished within the budget)"))
+          + ("" if res.greedy_bytes is not None else "  (not finished within the budget)"))
     print(f"torch_renaissance  {_mib(res.plan_bytes)}{vs(res.plan_bytes)}  [{res.method}]"
           + ("  (optimal)" if res.optimal else ""))
-    print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
+    if tr_.pytorch_reserved_peak is None and tr_.pytorch_reserved_at_dump is not None:
+        dump = tr_.pytorch_reserved_at_dump
+        print(f"PyTorch reserved   {_mib(dump)}{vs(dump)}  (when the snapshot was taken; "
+              "no segment events, so no peak)")
+    else:
+        print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
     print(f"planning time      {res.seconds:.3f} s  (stopped by: {_STOPPED[res.stopped_by]})")
     if args.png and not png_error:
         print(f"packing drawn to   {args.png}")
