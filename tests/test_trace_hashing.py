@@ -319,3 +319,22 @@ def test_cli_plan_with_device_refuses_non_regular_files(tmp_path, capsys, device
         assert code == 2, err
         assert err.strip() == (f"torch-renaissance plan: {target}: not a regular file ({kind}); "
                                "a trace is a file"), err
+
+
+def test_unknown_actions_are_skipped_with_a_warning_and_all_unknown_is_an_error(tmp_path):
+    # Found by a tester: a file whose events were all mistyped ("Alloc") planned as 0 buffers
+    # with exit 0. A newer PyTorch may add actions, so a few unknown ones only warn.
+    ev = [{"action": "alloc", "addr": 0, "size": 512, "stream": 0},
+          {"action": "Alloc", "addr": 512, "size": 512, "stream": 0},
+          {"action": "free_completed", "addr": 0, "size": 512, "stream": 0}]
+    path = tmp_path / "typos.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [ev]}, protocol=4))
+    with pytest.warns(UserWarning, match=r"typos.pickle: device 0: 1 events with actions this "
+                                         r"loader does not know were skipped: 'Alloc'"):
+        tr = T.load_snapshot(path)
+    assert [(e.size, e.address) for e in tr.entries] == [(512, 0)]
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [
+        [dict(e, action=e["action"].upper()) for e in ev]]}, protocol=4))
+    with pytest.raises(ValueError, match=r"device_traces\[0\]: no event has an action PyTorch "
+                                         r"writes \(first: 'ALLOC'; known: alloc, "):
+        T.load_snapshot(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -351,6 +352,15 @@ def _choose_device(traces: List[List[Any]], seg_devices: List[int], device: Opti
     return device
 
 
+#: The actions of ``torch.cuda.memory._snapshot()``'s device traces: ``TraceEntry::Action``
+#: (``c10/cuda/CUDACachingAllocator.h``) as ``action_to_str`` in
+#: ``torch/csrc/cuda/memory_snapshot.cpp`` names them, and ``user_defined`` (annotations).
+KNOWN_ACTIONS = frozenset({
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap", "snapshot", "oom", "user_defined",
+})
+
+
 def _free_action(events: List[Any], device: int, w: Where) -> str:
     """Which action ends a buffer: ``free_completed``, or ``free_requested`` in a file
     without any ``free_completed``. Checks that every event is a dict with an action."""
@@ -361,6 +371,16 @@ def _free_action(events: List[Any], device: int, w: Where) -> str:
         if not isinstance(e.get("action"), str):
             where = f"device_traces[{device}][{k}]"
             raise w.error(where, f"event has no 'action' string: {_short(e)}")
+    unknown = [e["action"] for e in events if e["action"] not in KNOWN_ACTIONS]
+    if unknown and len(unknown) == len(events):
+        raise w.error(f"device_traces[{device}]",
+                      f"no event has an action PyTorch writes (first: {brief(unknown[0])}; "
+                      f"known: {', '.join(sorted(KNOWN_ACTIONS))})")
+    if unknown:  # a newer PyTorch may add actions: skip them, and say so
+        kinds = sorted(set(unknown))
+        warnings.warn(f"{w.source}: device {device}: {len(unknown)} events with actions this "
+                      f"loader does not know were skipped: {', '.join(brief(a) for a in kinds[:5])}"
+                      + (" ..." if len(kinds) > 5 else ""), stacklevel=4)
     has_completed = any(e["action"] == "free_completed" for e in events)
     return "free_completed" if has_completed else "free_requested"
 
