@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import runpy
+import stat
 import subprocess
 import sys
 from typing import List, Optional
@@ -88,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.argv = [script] + list(args.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
+    parent = os.getpid()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -101,23 +103,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_script_error(e, script)
         code = 1
     finally:
-        tr.stop_auto_steps()
-        times = steps.times
-        # The first interval runs from the install to the first optimizer step:
-        # imports, model building, the first step. Steps are counted from it,
-        # the mean step time without it.
-        # CUDA: the device the script left current; nothing to report when
-        # the script never initialized CUDA.
-        used = [d for d in devices if tr.installer.active_arena(d) is not None]
-        if len(used) < len(devices):
-            print("torch-renaissance run: the script did not use CUDA; no CUDA report",
-                  file=sys.stderr)
-        reports = [tr.stats.report(d, times) for d in used]
-        for rep in reports:
-            _print_report(rep, sys.stderr)
-        if report_file:
-            code = _write_report(report_file, reports[0] if len(reports) == 1 else reports,
-                                 code)
+        # A child the script forked (os.fork()) that returned or exited through SystemExit
+        # reports nothing: the report is the parent's, once.
+        if os.getpid() == parent:
+            code = _finish_run(tr, steps, devices, report_file, code)
+    return code
+
+
+def _finish_run(tr, steps, devices, report_file, code: int) -> int:
+    """Stops the automatic steps, prints the report of every device the script used and
+    writes ``--report``; the exit code (2 when the script succeeded and the report could
+    not be written)."""
+    tr.stop_auto_steps()
+    times = steps.times
+    # The first interval runs from the install to the first optimizer step:
+    # imports, model building, the first step. Steps are counted from it,
+    # the mean step time without it.
+    # CUDA: the device the script left current; nothing to report when
+    # the script never initialized CUDA.
+    used = [d for d in devices if tr.installer.active_arena(d) is not None]
+    if len(used) < len(devices):
+        print("torch-renaissance run: the script did not use CUDA; no CUDA report",
+              file=sys.stderr)
+    reports = [tr.stats.report(d, times) for d in used]
+    for rep in reports:
+        _print_report(rep, sys.stderr)
+    if report_file:
+        code = _write_report(report_file, reports[0] if len(reports) == 1 else reports, code)
     return code
 
 
@@ -144,7 +156,10 @@ def _write_json(f, data, code: int, command: str = "run", flag: str = "--report"
     when ``code`` was 0 and the file could not be written (e.g. a full disk)."""
     try:
         with f:
-            if f.seekable():  # not /dev/stdout or a pipe
+            # A regular file is rewritten from its start. Not /dev/stdout, a pipe or a
+            # device: truncating /dev/full fails with EINVAL and would hide the ENOSPC
+            # that writing to it gives.
+            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 f.seek(0)
                 f.truncate()
             json.dump(data, f, indent=2)
