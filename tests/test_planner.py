@@ -471,3 +471,19 @@ def test_cli_plan_shows_reserved_at_dump_when_a_snapshot_has_no_segment_events(s
     out = json.loads(_cli(str(path), "--json", "--budget", "0.2").stdout)
     assert out["pytorch_reserved_bytes"] is None
     assert out["pytorch_reserved_at_dump_bytes"] == tr.pytorch_reserved_at_dump
+
+
+def test_cli_plan_device_all_shows_reserved_at_dump_marked(shared_data, capsys):
+    # The per-device table fell back to "n/a" where the single-device output shows the
+    # reserved bytes at dump time (a snapshot without segment events); found by a new user.
+    from torch_renaissance import cli
+    from torch_renaissance import trace as T
+
+    path = shared_data / "snapshots" / "gpt_train_b.pickle"
+    tr = T.load_snapshot(path)
+    assert cli.main(["plan", str(path), "--device", "all", "--budget", "0.1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    pct = f"{100 * (tr.pytorch_reserved_at_dump / tr.load_bytes() - 1):+.2f}%*"
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:] if not ln.startswith("*")}
+    assert rows["0"][-2] == pct and rows["total"][-2] == pct, lines  # the PyTorch column
+    assert lines[-1].startswith("* PyTorch's reserved bytes when the snapshot was taken")

@@ -395,7 +395,8 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
         return None if any(v is None for v in vals) else sum(vals)
 
     totals = {k: total(k) for k in ("buffers", "load_bytes", "greedy_bytes", "plan_bytes",
-                                    "lower_bound_bytes", "pytorch_reserved_bytes", "plan_seconds")}
+                                    "lower_bound_bytes", "pytorch_reserved_bytes",
+                                    "pytorch_reserved_at_dump_bytes", "plan_seconds")}
     totals["optimal"] = all(o["optimal"] for o in per.values())
     if args.json:
         print(json.dumps({"devices": [{"device": d, **o} for d, o in per.items()], "total": totals}))
@@ -408,11 +409,17 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
     print(f"{'device':>8} {'buffers':>8} {'LOAD':>12} {'greedy':>9} {'plan':>12} {'plan/LOAD':>9} "
           f"{'PyTorch':>9} {'seconds':>8}")
     rows = [(str(d), o) for d, o in per.items()] + [("total", totals)]
+    at_dump = False
     for name, o in rows:
+        reserved, mark = o["pytorch_reserved_bytes"], " "
+        if reserved is None and o["pytorch_reserved_at_dump_bytes"] is not None:
+            reserved, mark, at_dump = o["pytorch_reserved_at_dump_bytes"], "*", True
         print(f"{name:>8} {o['buffers']:>8} {_mib(o['load_bytes']):>12} "
               f"{pct(o['greedy_bytes'], o['load_bytes']):>9} {_mib(o['plan_bytes']):>12} "
               f"{pct(o['plan_bytes'], o['load_bytes']):>9} "
-              f"{pct(o['pytorch_reserved_bytes'], o['load_bytes']):>9} {o['plan_seconds']:>8.3f}")
+              f"{pct(reserved, o['load_bytes']):>8}{mark} {o['plan_seconds']:>8.3f}")
+    if at_dump:
+        print("* PyTorch's reserved bytes when the snapshot was taken (no segment events, so no peak)")
     return 0
 
 
@@ -471,8 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("plan", help="plan a recorded trace and compare")
     q.add_argument("trace")
     q.add_argument("--budget", type=_budget, default=1.0,
-                   help="planning time budget in seconds of wall time (0-3600); the plan is the "
-                        "same on every machine unless the wall clock stopped the search")
+                   help="planning time budget in seconds of wall time (0-3600; default: 1.0); "
+                        "the plan is the same on every machine unless the wall clock stopped "
+                        "the search")
     q.add_argument("--device", type=_device, default=None, metavar="N|all",
                    help="the device of a multi-device PyTorch snapshot, or 'all' (one row per "
                         "device and the totals)")
