@@ -19,7 +19,7 @@ from torch_renaissance.trace.common import (
     to_int,
 )
 from torch_renaissance.trace.entries import Trace
-from torch_renaissance.trace.safe_pickle import PICKLE_MAX_DEPTH
+from torch_renaissance.trace.safe_pickle import KEY_INT_LIMIT, KEY_INT_MIN, PICKLE_MAX_DEPTH
 from torch_renaissance.trace.snapshot import Where, check_snapshot_shape
 
 
@@ -244,7 +244,7 @@ def _check_loadable(snapshot: Any) -> None:
     def bad_key(k: Any) -> bool:
         if k is None or isinstance(k, (str, bytes, bool)):
             return False
-        return not (type(k) is int and -(1 << 63) <= k < 1 << 64)
+        return not (type(k) is int and KEY_INT_MIN <= k < KEY_INT_LIMIT)
 
     containers = (dict, list, tuple, set, frozenset)
     active: set = set()  # ids of the containers on the current path

@@ -68,8 +68,8 @@ PICKLE_MAX_STACK = 1 << 22
 #: ``uint64``). CPython hashes an integer to itself modulo :data:`sys.hash_info.modulus`
 #: (``2**61 - 1``), so at most 13 of them share a hash value; integers of any size would let a
 #: file of 1 MB hold 100k keys of one hash and make building the dict quadratic (minutes).
-_KEY_INT_MIN = -(1 << 63)
-_KEY_INT_LIMIT = 1 << 64
+KEY_INT_MIN = -(1 << 63)
+KEY_INT_LIMIT = 1 << 64
 
 # What each opcode does to the stack, for check_pickle_structure.
 (
@@ -122,10 +122,10 @@ _COUNTED = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
 # (dict keys; SETITEM's key is the item below the value).
 _KEY_STRIDE = {"SETITEM": 2, "SETITEMS": 2, "DICT": 2, "ADDITEMS": 1, "FROZENSET": 1}
 #: ``objs`` value of a stack item that is not a container and hashes safely (a string,
-#: bytes, ``None``, a bool or an integer in ``[_KEY_INT_MIN, _KEY_INT_LIMIT)``).
+#: bytes, ``None``, a bool or an integer in ``[KEY_INT_MIN, KEY_INT_LIMIT)``).
 _PRIMITIVE = -1
 #: ``objs`` value of a stack item that must not be hashed: a float or an integer outside
-#: ``[_KEY_INT_MIN, _KEY_INT_LIMIT)`` (containers have object numbers >= 0).
+#: ``[KEY_INT_MIN, KEY_INT_LIMIT)`` (containers have object numbers >= 0).
 _UNSAFE_KEY = -2
 # The same, keyed by the opcode objects pickletools.genops yields (faster than by name).
 _EFFECT_OF_OP = {op: _OPCODE_EFFECTS.get(op.name) for op in pickletools.opcodes}
@@ -190,7 +190,7 @@ def check_pickle_structure(data: bytes) -> None:
     memo_count = 0  # set memo entries (the index MEMOIZE uses)
     effect_of = _EFFECT_OF_OP.get
     push, push_obj = depths.append, objs.append
-    key_min, key_limit = _KEY_INT_MIN, _KEY_INT_LIMIT
+    key_min, key_limit = KEY_INT_MIN, KEY_INT_LIMIT
 
     def deeper(d: int) -> int:
         if d > limit:
