@@ -123,3 +123,26 @@ def test_memory_summary_lines_are_one_width_and_numbers_are_the_stats():
         print("OK")
     """))
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr
+
+
+def test_demo_child_failure_is_one_line(monkeypatch, capsys):
+    # A tester: `demo --seq 100000` printed the CLI's RuntimeError wrapping the child's
+    # whole traceback (two nested tracebacks); now one line with the child's last one.
+    import subprocess
+    import sys
+
+    from torch_renaissance import cli
+
+    real = subprocess.Popen
+
+    def child(cmd, **kw):
+        code = ("import sys; print('STEP 0', flush=True); "
+                "raise MemoryError('you tried to allocate 640000000000 bytes')")
+        return real([sys.executable, "-c", code], **kw)
+
+    monkeypatch.setattr(cli.subprocess, "Popen", child)
+    assert cli.main(["demo", "--steps", "4"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("torch-renaissance demo: the default run failed (exit 1): MemoryError: "
+                          "you tried to allocate 640000000000 bytes"), err

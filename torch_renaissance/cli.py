@@ -212,8 +212,16 @@ def _demo_run(mode: str, args: argparse.Namespace, progress, task) -> dict:
             result = json.loads(line[len("RESULT "):])
     err = proc.stderr.read() if proc.stderr else ""
     if proc.wait() != 0 or result is None:
-        raise RuntimeError(f"demo run '{mode}' failed (exit {proc.returncode}):\n{err}")
+        # The child's last line says what went wrong (e.g. the CPU allocator's "you tried
+        # to allocate 640000000000 bytes" for --seq 100000); its traceback is noise here.
+        last = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()), "")
+        raise _DemoFailed(f"the {mode} run failed (exit {proc.returncode})"
+                          + (f": {last}" if last else ""))
     return result
+
+
+class _DemoFailed(RuntimeError):
+    """One of ``demo``'s child runs exited with an error (its message is one line)."""
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -230,7 +238,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         for mode, title in DEMO_MODES:
             task = progress.add_task(title, total=args.steps)
-            results[mode] = _demo_run(mode, args, progress, task)
+            try:
+                results[mode] = _demo_run(mode, args, progress, task)
+            except _DemoFailed as e:
+                progress.stop()
+                print(f"torch-renaissance demo: {e}", file=sys.stderr)
+                return 1
 
     # (printed name, value) per metric; the JSON keys are the printed names.
     def metrics(r: dict) -> list:
