@@ -146,3 +146,23 @@ def test_demo_child_failure_is_one_line(monkeypatch, capsys):
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("torch-renaissance demo: the default run failed (exit 1): MemoryError: "
                           "you tried to allocate 640000000000 bytes"), err
+
+
+def test_small_api_refusals_found_by_a_tester():
+    from torch_renaissance import ModelSlots
+    from torch_renaissance.auto import devices_from_env
+    from torch_renaissance.memory_plan import MemoryPlan
+
+    for bad in (2.7, "3", True):
+        with pytest.raises(ValueError, match="capacity_bytes must be an int"):
+            ModelSlots("cpu", capacity_bytes=bad)  # 2.7 became 2
+    assert ModelSlots("cpu", capacity_bytes=3).capacity_bytes == 3
+    plan = MemoryPlan()
+    plan.finalize()
+    with pytest.raises(TypeError, match="MemoryPlan or a describe"):
+        plan.first_difference([])  # was AttributeError: 'list' has no 'get'
+    assert plan.first_difference(plan) is None
+    # TORCH_RENAISSANCE strips ASCII spaces only, as TORCH_RENAISSANCE_CONF's parser does.
+    assert devices_from_env(" cpu\t") == ["cpu"]
+    with pytest.raises(ValueError, match="not one of"):
+        devices_from_env("\u00a0cpu")

@@ -38,11 +38,11 @@ def devices_from_env(value: str | None = None) -> List[str]:
         ValueError: an entry that is not a device type or a boolean.
     """
     raw = os.environ.get(ENV_VAR, "") if value is None else value
-    text = raw.strip().lower()
+    text = raw.strip(" \t\r\n").lower()  # ASCII space only, as the config parser
     if text == "" or _BOOL.get(text) is False:
         return []
     wanted = set()
-    for part in (p.strip() for p in text.split(",")):
+    for part in (p.strip(" \t\r\n") for p in text.split(",")):
         if _BOOL.get(part) is True or part == "cuda":
             wanted.add("cuda")
         elif part == "cpu":

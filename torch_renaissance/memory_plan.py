@@ -518,9 +518,15 @@ class MemoryPlan:
             ``None`` when the layouts are equal, else a one-line message such as
             ``"region 'params', slot #2 'l1.weight': shape (4, 3) != (4, 5), nbytes
             48 != 80"`` (values of this plan first).
+
+        Raises:
+            TypeError: ``other`` is neither a MemoryPlan nor a dict.
         """
         mine = self.describe()
         theirs = other.describe() if isinstance(other, MemoryPlan) else other
+        if not isinstance(theirs, dict):
+            raise TypeError(f"first_difference takes a MemoryPlan or a describe() dict, got "
+                            f"{type(other).__name__}")
         return _first_difference(mine, theirs)
 
     # -- memory -----------------------------------------------------------------

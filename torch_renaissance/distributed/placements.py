@@ -191,7 +191,10 @@ def local_shape_and_offset(
     """Local shape and global offset at one mesh coordinate.
 
     Same result as DTensor's ``compute_local_shape_and_global_offset`` for the
-    rank at ``coordinate``, without needing a process group.
+    rank at ``coordinate``, without needing a process group, for ``Shard``,
+    ``Replicate`` and ``Partial``. For an uneven ``_StridedShard`` (FSDP2 over
+    TP on a dim the mesh does not divide) it gives the shard FSDP2 allocates,
+    which DTensor's function reports differently in a few cases.
 
     Args:
         global_shape: shape of the global tensor.

@@ -16,6 +16,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import threading
 import time
 from collections import OrderedDict
@@ -55,7 +56,7 @@ class ModelSlots:
             ``torch.OutOfMemoryError`` (``False``).
 
     Raises:
-        ValueError: a negative ``capacity_bytes``.
+        ValueError: a negative ``capacity_bytes``, or one that is not an int.
     """
 
     def __init__(self, device: Any = "cpu", capacity_bytes: Optional[int] = None, *,
@@ -65,6 +66,10 @@ class ModelSlots:
         dev = as_torch_device(device)
         if dev.type != "cpu" and dev.index is None:
             dev = torch.device(dev.type, torch.accelerator.current_device_index())
+        if capacity_bytes is not None and (isinstance(capacity_bytes, bool) or
+                                           not isinstance(capacity_bytes, numbers.Integral)):
+            raise ValueError(f"capacity_bytes must be an int (bytes) or None, got "
+                             f"{capacity_bytes!r}")  # 2.7 was truncated to 2
         if capacity_bytes is not None and int(capacity_bytes) < 0:
             raise ValueError(f"capacity_bytes must be >= 0 or None, got {capacity_bytes}")
         self.device = dev
