@@ -166,3 +166,18 @@ def test_small_api_refusals_found_by_a_tester():
     assert devices_from_env(" cpu\t") == ["cpu"]
     with pytest.raises(ValueError, match="not one of"):
         devices_from_env("\u00a0cpu")
+
+
+def test_device_and_geometry_messages_name_only_what_is_wrong(C):
+    from torch_renaissance import ModelSlots, StreamManager
+
+    for make in (tr.install, ModelSlots, StreamManager):
+        with pytest.raises(RuntimeError, match="supports 'cpu' and 'cuda' devices, not 'meta'"):
+            make("meta")  # ModelSlots/StreamManager said "Cannot access accelerator device"
+    with pytest.raises(RuntimeError) as e:
+        tr.install(None)
+    assert str(e.value) == ("torch_renaissance: None is not a device it can use "
+                            "(pass 'cpu', 'cuda' or 'cuda:N')")  # was torch's 6-line overload list
+    with pytest.raises(ValueError) as e:
+        C.Arena(C.HostDevice(), expandable_segments=False, small_segment=2**20 + 1)
+    assert "small_segment (1048577 bytes)" in str(e.value) and "large_segment" not in str(e.value)

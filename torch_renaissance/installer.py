@@ -30,11 +30,29 @@ def as_torch_device(device: Any) -> torch.device:
     """
     if isinstance(device, torch.device):
         return device
+    if isinstance(device, bool) or not isinstance(device, (str, int)):
+        # torch.device(None) answers with a list of its overloads.
+        raise RuntimeError(f"torch_renaissance: {device!r} is not a device it can use "
+                           f"(pass 'cpu', 'cuda' or 'cuda:N')")
     try:
         return torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(f"torch_renaissance: {device!r} is not a device it can use "
-                           f"(pass 'cpu', 'cuda' or 'cuda:N'): {e}") from None
+                           f"(pass 'cpu', 'cuda' or 'cuda:N'): {first}") from None
+
+
+def supported_device(device: Any) -> torch.device:
+    """:func:`as_torch_device`, refusing device types other than ``cpu`` and ``cuda``.
+
+    Raises:
+        RuntimeError: as :func:`as_torch_device`, or a device of another type
+            (``meta``, ``mps``, ...).
+    """
+    dev = as_torch_device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{dev.type}'")
+    return dev
 
 
 def _device_type(device: Any) -> str:
@@ -165,9 +183,7 @@ def installed_device(device: Any = None) -> "torch.device":
     """
     if device is None:
         device = "cuda" if "cuda" in _installed else "cpu"
-    dev = as_torch_device(device)
-    if dev.type not in ("cpu", "cuda"):
-        raise RuntimeError(f"torch_renaissance supports 'cpu' and 'cuda' devices, not '{dev.type}'")
+    dev = supported_device(device)
     if dev.type not in _installed:
         raise RuntimeError(f"torch_renaissance is not installed for '{dev.type}': call "
                            f"torch_renaissance.install('{dev.type}') first")

@@ -54,9 +54,9 @@ class StreamManager:
         if device is None:
             acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
             device = acc if acc is not None else "cpu"
-        from torch_renaissance.installer import as_torch_device
+        from torch_renaissance.installer import supported_device
 
-        self.device = as_torch_device(device)
+        self.device = supported_device(device)
         if self.device.type != "cpu" and self.device.index is None:
             self.device = torch.device(self.device.type, torch.accelerator.current_device_index())
         if arena is None:

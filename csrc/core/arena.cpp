@@ -70,15 +70,19 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
     throw std::invalid_argument("large_segment must be larger than small_size and the rounding a "
                                 "positive multiple of the alignment");
   }
-  if (config_.large_segment < config_.min_large_alloc || config_.large_segment % unit_ ||
-      config_.small_segment % unit_) {
+  if (config_.large_segment < config_.min_large_alloc || config_.large_segment % unit_) {
     // Requests below min_large_alloc share segments of large_segment bytes:
     // a smaller segment could not hold them.
     throw std::invalid_argument(
         "large_segment (" + std::to_string(config_.large_segment) +
-        " bytes) must be a multiple of the alignment and at least min_large_alloc (" +
-        std::to_string(config_.min_large_alloc) + " bytes), small_segment (" +
-        std::to_string(config_.small_segment) + " bytes) a multiple of the alignment");
+        " bytes) must be a multiple of the alignment (" + std::to_string(unit_) +
+        " bytes) and at least min_large_alloc (" + std::to_string(config_.min_large_alloc) +
+        " bytes)");
+  }
+  if (config_.small_segment % unit_) {
+    throw std::invalid_argument("small_segment (" + std::to_string(config_.small_segment) +
+                                " bytes) must be a multiple of the alignment (" +
+                                std::to_string(unit_) + " bytes)");
   }
   if (config_.planning) steps_ = std::make_unique<StepPlanner>(*this);
   if (fronts_enabled_) {

@@ -61,9 +61,9 @@ class ModelSlots:
 
     def __init__(self, device: Any = "cpu", capacity_bytes: Optional[int] = None, *,
                  evict: bool = True) -> None:
-        from torch_renaissance.installer import as_torch_device
+        from torch_renaissance.installer import supported_device
 
-        dev = as_torch_device(device)
+        dev = supported_device(device)
         if dev.type != "cpu" and dev.index is None:
             dev = torch.device(dev.type, torch.accelerator.current_device_index())
         if capacity_bytes is not None and (isinstance(capacity_bytes, bool) or
