@@ -71,13 +71,13 @@ def test_hot_path_malloc(benchmark, per_op, label):
     per_op(n, "pair", baseline=True)
 
 
-@pytest.mark.parametrize("threads", [1, 4])
 def _thread_pairs(benchmark) -> int:
     # 100,000 pairs a call in all: the threads' start and join (tens of us each) must not be
     # what a 4-thread call measures.
     return 100 if benchmark.disabled else 100_000
 
 
+@pytest.mark.parametrize("threads", [1, 4])
 def test_threads_arena(benchmark, per_op, dynamic_arena, threads):
     n = _thread_pairs(benchmark) // threads
     benchmark.group = "threads 512 B (ns per pair of the whole call)"
