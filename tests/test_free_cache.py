@@ -429,3 +429,34 @@ def test_a_front_books_a_smaller_request_exactly(C):
     for x in (r, keep):
         a.deallocate(x)
     a.check_invariants()
+
+
+def test_no_front_serves_inside_a_step_the_recorder_sees_every_allocation(C):
+    """A block held by this thread's front (allocated before the step) and
+    freed inside a step opened through the Python API (begin_step_checked)
+    is freed for real, not cached by the front; an allocation of that size
+    inside the step then goes through the step recorder: the step's trace
+    has every allocation of the step (hand-counted: 3), and replaying the
+    step hits its plan for all 3."""
+    a = C.Arena(C.HostDevice(), plan_budget_seconds=0.05)
+    held = a.allocate(1 * KiB)  # outside a step: held live by the front
+    a.begin_step()
+    a.deallocate(held)
+    assert a.cached_blocks == 0  # no cache, no front inside a step
+    ps = [a.allocate(1 * KiB) for _ in range(3)]
+    for p in ps:
+        a.deallocate(p)
+    assert a.cached_blocks == 0
+    a.end_step()
+    assert len(a.last_step()["entries"]) == 3
+    a.check_invariants()
+    for _ in range(3):  # recorded, planned, replayed
+        a.begin_step()
+        ps = [a.allocate(1 * KiB) for _ in range(3)]
+        for p in ps:
+            a.deallocate(p)
+        a.end_step()
+    r = a.stats()["renaissance"]
+    assert len(a.last_step()["entries"]) == 3
+    assert r["last_step_allocations"] == 3 and r["last_step_hits"] == 3
+    a.check_invariants()

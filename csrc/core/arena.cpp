@@ -35,10 +35,10 @@ Device& checked(const std::shared_ptr<Device>& d) {
   return *d;
 }
 
-// Key of an expandable segment in expandable_: its pool, or 3 for the
-// persistent segment of recorded optimizer steps.
-int expandable_class(PoolKind pool, bool persistent) {
-  return persistent ? 3 : static_cast<int>(pool);
+// The free-set class of a segment (arena.h, SegmentClass).
+SegmentClass expandable_class(PoolKind pool, bool persistent) {
+  if (persistent) return SegmentClass::kPersistent;
+  return pool == PoolKind::kSmall ? SegmentClass::kSmall : SegmentClass::kLarge;
 }
 
 std::atomic<std::uint64_t> g_arena_serial{0};
@@ -428,8 +428,13 @@ void Arena::begin_step_checked(std::uint64_t key) {
         "torch_renaissance: begin_step() while a step is already open on this arena (steps do not "
         "nest: call end_step() first); nothing was changed");
   }
-  flush_cache_locked();  // as begin_step: no cache inside a step
+  // As begin_step: no cache and no front serves inside a step (the step
+  // recorder sees every allocation of the step through allocate_locked).
+  fronts_open_.store(false);
+  fold_fronts_locked(/*release=*/true);
+  flush_cache_locked();
   steps_->begin_step(key);
+  update_fronts_open_locked();
 }
 
 void Arena::end_step_checked() { end_step(true); }
@@ -717,7 +722,7 @@ const FreeSet& Arena::free_set(const Segment* seg) const {
 }
 
 Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent) {
-  const int cls = expandable_class(pool, persistent);
+  const SegmentClass cls = expandable_class(pool, persistent);
   auto it = expandable_.find({stream, cls});
   if (it != expandable_.end()) return it->second;
   const std::size_t gran = device_->range_granularity();
@@ -1232,20 +1237,19 @@ Block* Arena::take_cached_locked(std::size_t requested, std::size_t rounded, Str
   const PoolKind pool = pool_for(rounded);
   const bool persistent = pool == PoolKind::kLarge && use_ranges() && steps_ &&
                           territory_of_locked(stream);
-  const int cls = expandable_class(pool, persistent);
-  std::size_t i = cache_bin_home(rounded, stream);
-  for (std::size_t probe = 0; probe < kCacheProbes; ++probe, i = (i + 1) % kCacheBins) {
-    CacheBin& bin = cache_[i];
-    if (bin.count == 0 || bin.size != rounded || bin.stream != stream || bin.cls != cls) continue;
-    Block* b = bin.blocks[--bin.count];
-    cache_bytes_ -= b->size;
-    --cache_blocks_;
-    count_cached_locked(b, -1);
-    --b->segment->live;  // mark_allocated_locked counts it again
-    mark_allocated_locked(b, requested, stream);
-    return b;
-  }
-  return nullptr;
+  const SegmentClass cls = expandable_class(pool, persistent);
+  CacheBin* bin = bins::take_bin(cache_, cache_bin_home(rounded, stream), kCacheProbes,
+                                 [&](const CacheBin& x) {
+                                   return x.size == rounded && x.stream == stream && x.cls == cls;
+                                 });
+  if (!bin) return nullptr;
+  Block* b = bin->blocks[--bin->count];
+  cache_bytes_ -= b->size;
+  --cache_blocks_;
+  count_cached_locked(b, -1);
+  --b->segment->live;  // mark_allocated_locked counts it again
+  mark_allocated_locked(b, requested, stream);
+  return b;
 }
 
 bool Arena::cache_block_locked(Block* b) {
@@ -1257,23 +1261,17 @@ bool Arena::cache_block_locked(Block* b) {
   // Only memory of the block's own segment's stream, keyed by it: a block is
   // never handed to another stream through the cache (issue 18).
   const StreamId stream = seg->stream;
-  const int cls = expandable_class(seg->pool, seg->persistent);
-  CacheBin* target = nullptr;
-  std::size_t i = cache_bin_home(b->size, stream);
-  for (std::size_t probe = 0; probe < kCacheProbes; ++probe, i = (i + 1) % kCacheBins) {
-    CacheBin& bin = cache_[i];
-    if (bin.count && bin.size == b->size && bin.stream == stream && bin.cls == cls) {
-      target = bin.count < kCacheDepth ? &bin : nullptr;
-      break;
-    }
-    if (bin.count == 0 && !target) target = &bin;
-  }
+  const SegmentClass cls = expandable_class(seg->pool, seg->persistent);
+  const std::size_t size = b->size;
+  CacheBin* target = bins::put_bin<kCacheDepth>(
+      cache_, cache_bin_home(size, stream), kCacheProbes,
+      [&](const CacheBin& x) { return x.size == size && x.stream == stream && x.cls == cls; },
+      [&](CacheBin& x) {
+        x.size = size;
+        x.stream = stream;
+        x.cls = cls;
+      });
   if (!target) return false;
-  if (target->count == 0) {
-    target->size = b->size;
-    target->stream = stream;
-    target->cls = cls;
-  }
   stats_.sub(stats_.active, seg->pool, 1);
   stats_.sub(stats_.active_bytes, seg->pool, static_cast<std::int64_t>(b->size));
   b->state = BlockState::kCached;
@@ -1295,9 +1293,9 @@ void Arena::flush_cache_locked() {
   for (CacheBin& bin : cache_) flush_bin_locked(bin);
 }
 
-bool Arena::flush_cache_locked(StreamId stream, int cls) {
+bool Arena::flush_cache_locked(StreamId stream, SegmentClass cls) {
   bool any = false;
-  if (cls == expandable_class(PoolKind::kSmall, false)) {
+  if (cls == SegmentClass::kSmall) {
     // What a front caches for this stream may merge into a fit too.
     for (const auto& f : fronts_) {
       FrontGuard fg(f->lock);
@@ -1358,34 +1356,34 @@ void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
   Front* f = front_tls::find(serial_);
   if (!f) return nullptr;
   const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
-  FrontGuard g(f->lock);
-  if (!f->cached_blocks || !fronts_open_.load(std::memory_order_relaxed)) return nullptr;
-  std::size_t i = Front::bin_home(rounded, stream);
-  for (std::size_t probe = 0; probe < Front::kProbes; ++probe, i = (i + 1) % Front::kBins) {
-    Front::Bin& bin = f->bins[i];
-    if (bin.count == 0 || bin.size != rounded || bin.stream != stream) continue;
-    for (std::size_t k = bin.count; k-- > 0;) {  // last in, first out
-      Block* b = bin.blocks[k];
-      // Only within the block's booked size, so the true requested bytes
-      // never pass the books (and their peak); a smaller request is booked
-      // at the next fold (the dirty list).
-      if (b->requested < size) continue;
-      if (b->requested != size) {
-        if (f->dirty_count == Front::kDirty) continue;
-        f->dirty[f->dirty_count++] = b;
-      }
-      bin.blocks[k] = bin.blocks[--bin.count];
-      --f->cached_blocks;
-      f->cached_bytes -= b->size;
-      b->front_live = true;
-      b->front_req = size;
-      const auto bytes = static_cast<std::int64_t>(b->size);
-      ++f->acc.allocs;
-      f->acc.alloc_bytes += bytes;
-      f->acc.req_alloc += static_cast<std::int64_t>(size);
-      return b->ptr;
-    }
+  FastSection g(f->lock);
+  if (!g.entered() || !f->cached_blocks || !fronts_open_.load(std::memory_order_relaxed)) {
     return nullptr;
+  }
+  Front::Bin* bin = bins::take_bin(f->bins, Front::bin_home(rounded, stream), Front::kProbes,
+                                   [&](const Front::Bin& x) {
+                                     return x.size == rounded && x.stream == stream;
+                                   });
+  if (!bin) return nullptr;
+  for (std::size_t k = bin->count; k-- > 0;) {  // last in, first out
+    Block* b = bin->blocks[k];
+    // Only within the block's booked size, so the true requested bytes
+    // never pass the books (and their peak); a smaller request is booked
+    // at the next fold (the dirty list).
+    if (b->requested < size) continue;
+    if (b->requested != size) {
+      if (f->dirty_count == Front::kDirty) continue;
+      f->dirty[f->dirty_count++] = b;
+    }
+    bin->blocks[k] = bin->blocks[--bin->count];
+    --f->cached_blocks;
+    f->cached_bytes -= b->size;
+    b->front_live = true;
+    b->front_req = size;
+    ++f->acc.allocs;
+    f->acc.alloc_bytes += static_cast<std::int64_t>(b->size);
+    f->acc.req_alloc += static_cast<std::int64_t>(size);
+    return b->ptr;
   }
   return nullptr;
 }
@@ -1393,8 +1391,8 @@ void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
 bool Arena::front_deallocate(void* ptr) noexcept {
   Front* f = front_tls::find(serial_);
   if (!f) return false;
-  FrontGuard g(f->lock);
-  if (!fronts_open_.load(std::memory_order_relaxed)) return false;
+  FastSection g(f->lock);
+  if (!g.entered() || !fronts_open_.load(std::memory_order_relaxed)) return false;
   Block* b = f->held.find(ptr);
   // Not held here, or freed already: the slow path finds out which.
   if (!b || !b->front_live) return false;
@@ -1404,21 +1402,15 @@ bool Arena::front_deallocate(void* ptr) noexcept {
 bool Arena::front_cache(Front& f, Block* b) noexcept {
   if (f.cached_bytes + b->size > Front::kMaxBytes) return false;
   const std::uint64_t stream = b->stream;
-  Front::Bin* target = nullptr;
-  std::size_t i = Front::bin_home(b->size, stream);
-  for (std::size_t probe = 0; probe < Front::kProbes; ++probe, i = (i + 1) % Front::kBins) {
-    Front::Bin& bin = f.bins[i];
-    if (bin.count && bin.size == b->size && bin.stream == stream) {
-      target = bin.count < Front::kDepth ? &bin : nullptr;
-      break;
-    }
-    if (bin.count == 0 && !target) target = &bin;
-  }
+  const std::size_t size = b->size;
+  Front::Bin* target = bins::put_bin<Front::kDepth>(
+      f.bins, Front::bin_home(size, stream), Front::kProbes,
+      [&](const Front::Bin& x) { return x.size == size && x.stream == stream; },
+      [&](Front::Bin& x) {
+        x.size = size;
+        x.stream = stream;
+      });
   if (!target) return false;
-  if (target->count == 0) {
-    target->size = b->size;
-    target->stream = stream;
-  }
   target->blocks[target->count++] = b;
   ++f.cached_blocks;
   f.cached_bytes += b->size;
@@ -1433,6 +1425,7 @@ Front* Arena::my_front_locked() {
   if (Front* f = front_tls::find(serial_)) return f;
   if (!fronts_enabled_) return nullptr;
   auto f = std::make_shared<Front>();
+  f->lock.set_owner(std::this_thread::get_id());
   f->arena_serial = serial_;
   f->registry = registry_;
   fronts_.push_back(f);
@@ -1546,10 +1539,10 @@ bool Arena::fold_fronts_locked(bool release) {
   if (fronts_.empty()) return false;
   // Every front locked at once: the books then equal the true values at one
   // instant, which is where the operation that asked for the fold happens.
-  for (const auto& f : fronts_) f->lock.lock();
+  lock_fronts(fronts_);
   bool freed = false;
   for (const auto& f : fronts_) freed |= fold_front_locked(*f, release);
-  for (auto it = fronts_.rbegin(); it != fronts_.rend(); ++it) (*it)->lock.unlock();
+  unlock_fronts(fronts_);
   return freed;
 }
 
@@ -1609,11 +1602,11 @@ std::size_t Arena::front_count() const {
 
 void Arena::lock_for_fork() {
   mu_.lock();
-  for (const auto& f : fronts_) f->lock.lock();
+  lock_fronts(fronts_);
 }
 
 void Arena::unlock_after_fork() {
-  for (auto it = fronts_.rbegin(); it != fronts_.rend(); ++it) (*it)->lock.unlock();
+  unlock_fronts(fronts_);
   mu_.unlock();
 }
 
@@ -1970,197 +1963,245 @@ void Arena::debug_check_locked() const noexcept {
   }
 }
 
-void Arena::check_invariants_locked() const {
-  auto fail = [](const std::string& m) { throw std::logic_error("arena invariant: " + m); };
+namespace {
+[[noreturn]] void invariant_failed(const std::string& m) {
+  throw std::logic_error("arena invariant: " + m);
+}
+}  // namespace
+
+// What check_invariants_locked counts while it walks the caches, the fronts
+// and the blocks, compared with the books at the end.
+struct Arena::InvariantTally {
   std::int64_t allocated = 0, allocated_n = 0, requested = 0, active = 0, active_n = 0;
   std::int64_t reserved = 0, segments = 0, inactive = 0, inactive_n = 0, pending = 0;
   std::size_t free_small = 0, free_large = 0, free_persistent = 0, live = 0;
-  // The free cache: each block in one bin, matching its key.
-  std::set<const Block*> cached;
-  std::size_t cached_bytes = 0;
-  for (const CacheBin& bin : cache_) {
-    if (bin.count > kCacheDepth) fail("a cache bin overflows");
-    for (std::size_t i = 0; i < bin.count; ++i) {
-      const Block* b = bin.blocks[i];
-      if (!cached.insert(b).second) fail("a block is in the free cache twice");
-      if (b->state != BlockState::kCached || b->size != bin.size ||
-          b->segment->stream != bin.stream ||
-          expandable_class(b->segment->pool, b->segment->persistent) != bin.cls) {
-        fail("a cache bin holds a block of another state, size, stream or pool");
-      }
-      cached_bytes += b->size;
-    }
-  }
-  if (cached.size() != cache_blocks_ || cached_bytes != cache_bytes_) fail("free cache totals are wrong");
-  std::size_t cached_seen = 0;
+  std::set<const Block*> cached;  // the shared free cache's blocks
+  std::size_t cached_seen = 0;    // cached blocks found in segments
+  // The fronts: their counters' net change to the books, and held blocks.
+  std::int64_t net_n = 0, net_bytes = 0, net_req = 0;
+  std::size_t held_seen = 0, held_total = 0;
+};
+
+void Arena::check_invariants_locked() const {
+  InvariantTally t;
+  check_cache_locked(t);
   // The fronts, all locked (free_cache.h): what each holds, and what their
   // counters add to the books (the true values are checked, without a fold).
   struct AllFronts {
     const std::vector<std::shared_ptr<Front>>& v;
     explicit AllFronts(const std::vector<std::shared_ptr<Front>>& fronts) : v(fronts) {
-      for (const auto& f : v) f->lock.lock();
+      lock_fronts(v);
     }
-    ~AllFronts() {
-      for (auto it = v.rbegin(); it != v.rend(); ++it) (*it)->lock.unlock();
-    }
+    ~AllFronts() { unlock_fronts(v); }
   } all_fronts(fronts_);
-  std::int64_t net_n = 0, net_bytes = 0, net_req = 0;
-  std::size_t held_seen = 0, held_total = 0;
-  for (const auto& f : fronts_) {
-    net_n += f->acc.allocs - f->acc.frees;
-    net_bytes += f->acc.alloc_bytes - f->acc.free_bytes;
-    net_req += f->acc.req_alloc - f->acc.req_free;
-    if (!fronts_open_.load() && (f->acc.any() || f->cached_blocks)) fail("a closed front holds unfolded work");
-    std::size_t n = 0, bytes = 0;
-    for (const Front::Bin& bin : f->bins) {
-      if (bin.count > Front::kDepth) fail("a front bin overflows");
-      for (std::size_t i = 0; i < bin.count; ++i) {
-        const Block* b = bin.blocks[i];
-        if (b->front != f.get() || b->front_live || f->held.find(b->ptr) != b ||
-            b->size != bin.size || b->stream != bin.stream) {
-          fail("a front bin holds a block it does not hold cached, or of another size or stream");
-        }
-        ++n;
-        bytes += b->size;
+  for (const auto& f : fronts_) check_front_locked(*f, t);
+  for (const auto& [base, seg] : segments_) check_segment_locked(*seg, t);
+  check_totals_locked(t);
+}
+
+void Arena::check_cache_locked(InvariantTally& t) const {
+  // The free cache: each block in one bin, matching its key.
+  std::size_t cached_bytes = 0;
+  for (const CacheBin& bin : cache_) {
+    if (bin.count > kCacheDepth) invariant_failed("a cache bin overflows");
+    for (std::size_t i = 0; i < bin.count; ++i) {
+      const Block* b = bin.blocks[i];
+      if (!t.cached.insert(b).second) invariant_failed("a block is in the free cache twice");
+      if (b->state != BlockState::kCached || b->size != bin.size ||
+          b->segment->stream != bin.stream ||
+          expandable_class(b->segment->pool, b->segment->persistent) != bin.cls) {
+        invariant_failed("a cache bin holds a block of another state, size, stream or pool");
       }
-    }
-    if (n != f->cached_blocks || bytes != f->cached_bytes) fail("front cache totals are wrong");
-    for (auto [ptr, b] : f->held) {
-      ++held_total;
-      const Segment* seg = b->segment;
-      if (b->front != f.get() || b->ptr != ptr || b->state != BlockState::kAllocated ||
-          live_.find(ptr) != b || seg->pool != PoolKind::kSmall || seg->persistent ||
-          b->planned || seg->in_territory(b) || !b->uses.empty() || b->step != 0) {
-        fail("a front holds a block that is not an allocated small-pool block linked to it");
-      }
-      if (b->front_live && b->front_req > b->requested) fail("a front served more than a block's booked size");
-      if (b->front_live && b->front_req != b->requested &&
-          std::find(f->dirty, f->dirty + f->dirty_count, b) == f->dirty + f->dirty_count) {
-        fail("a block served below its booked size is not on its front's dirty list");
-      }
+      cached_bytes += b->size;
     }
   }
-  for (const auto& [base, seg] : segments_) {
-    if (seg->size == 0) {
-      if (seg->head) fail("an empty segment has blocks");
-      continue;
-    }
-    reserved += static_cast<std::int64_t>(seg->mapped_bytes);
-    ++segments;
-    if (seg->expandable) {
-      const std::size_t gran = device_->range_granularity();
-      if (seg->size % gran || seg->mapped.size() != seg->size / gran) fail("granule map has the wrong length");
-      const auto n = static_cast<std::size_t>(std::count(seg->mapped.begin(), seg->mapped.end(), true));
-      if (n * gran != seg->mapped_bytes) fail("mapped_bytes disagrees with the granule map");
-      for (const Block* b = seg->head; b; b = b->next) {
-        if (b->state == BlockState::kFree && !seg->in_territory(b)) continue;
-        const auto off = static_cast<std::size_t>(b->ptr - seg->base);
-        for (std::size_t i = off / gran; i <= (off + b->size - 1) / gran; ++i) {
-          if (!seg->mapped[i]) fail("a block in use or in planned territory is not mapped");
-        }
-      }
-    } else if (seg->mapped_bytes != seg->size) {
-      fail("a fixed segment is not wholly mapped");
-    }
-    const char* expect = seg->base;
-    std::size_t seg_live = 0, plan_free = 0;
-    const Block* prev = nullptr;
-    for (const Block* b = seg->head; b; prev = b, b = b->next) {
-      if (b->ptr != expect) fail("blocks do not tile their segment");
-      if (b->prev != prev || b->segment != seg.get()) fail("broken block links");
-      if (b->size == 0 || b->size % unit_ || reinterpret_cast<std::uintptr_t>(b->ptr) % unit_) {
-        fail("unaligned block");
-      }
-      const char* line = seg->base + seg->plan_top;
-      if (seg->plan_top && b->ptr < line && line < b->ptr + b->size) fail("a block straddles the territory line");
-      expect = b->ptr + b->size;
-      const auto size = static_cast<std::int64_t>(b->size);
-      if (b->state == BlockState::kFree) {
-        if (prev && prev->state == BlockState::kFree &&
-            seg->in_territory(prev) == seg->in_territory(b)) {
-          fail("two free neighbours were not merged");
-        }
-        if (seg->in_territory(b)) {
-          ++plan_free;
-          auto f = seg->plan_free.find(b->ptr);
-          if (f == seg->plan_free.end() || f->second != b) fail("territory free block not indexed");
-        } else {
-          const FreeSet& s = free_set(seg.get());
-          if (!s.count(const_cast<Block*>(b))) fail("free block not in the best-fit index");
-          (seg->persistent ? free_persistent : seg->pool == PoolKind::kSmall ? free_small : free_large)++;
-        }
-        if (b->prev || b->next) {
-          inactive += size;
-          ++inactive_n;
-        }
-      } else if (b->state == BlockState::kCached) {
-        ++seg_live;
-        ++cached_seen;
-        inactive += size;
-        ++inactive_n;
-        if (!cached.count(b)) fail("a cached block is in no cache bin");
-        if (b->planned || seg->in_territory(b) || !b->uses.empty()) {
-          fail("a planned, territory or stream-used block is in the free cache");
-        }
-      } else {
-        ++seg_live;
-        active += size;
-        ++active_n;
-        if (b->state == BlockState::kAllocated && b->front) {
-          // Held by a front: its true state (cached: freed).
-          ++held_seen;
-          ++live;
-          if (live_.find(b->ptr) != b) fail("allocated block missing from the live map");
-          if (b->front_live) {
-            allocated += size;
-            ++allocated_n;
-            requested += static_cast<std::int64_t>(b->front_req);
-          } else {
-            active -= size;
-            --active_n;
-          }
-        } else if (b->state == BlockState::kAllocated) {
-          allocated += size;
-          ++allocated_n;
-          requested += static_cast<std::int64_t>(b->requested);
-          ++live;
-          if (live_.find(b->ptr) != b) fail("allocated block missing from the live map");
-        } else {
-          pending += size;
-          if (b->pending_on <= 0) fail("pending block waits on nothing");
-        }
-      }
-    }
-    if (expect != seg->base + seg->size) fail("blocks do not cover their segment");
-    if (seg->tail != prev) fail("segment tail is wrong");
-    if (seg_live != seg->live) fail("segment live count is wrong");
-    if (plan_free != seg->plan_free.size()) fail("stale entries in a territory index");
+  if (t.cached.size() != cache_blocks_ || cached_bytes != cache_bytes_) {
+    invariant_failed("free cache totals are wrong");
   }
-  if (free_small != small_free_.size() || free_large != large_free_.size() ||
-      free_persistent != persistent_free_.size()) {
-    fail("stale entries in the best-fit index");
+}
+
+void Arena::check_front_locked(const Front& f, InvariantTally& t) const {
+  t.net_n += f.acc.allocs - f.acc.frees;
+  t.net_bytes += f.acc.alloc_bytes - f.acc.free_bytes;
+  t.net_req += f.acc.req_alloc - f.acc.req_free;
+  if (!fronts_open_.load() && (f.acc.any() || f.cached_blocks)) {
+    invariant_failed("a closed front holds unfolded work");
   }
-  if (live != live_.size()) fail("live map has entries without blocks");
-  if (cached_seen != cached.size()) fail("a cache bin holds a block of no segment");
-  if (held_seen != held_total) fail("a front holds a block of no segment");
+  std::size_t n = 0, bytes = 0;
+  for (const Front::Bin& bin : f.bins) {
+    if (bin.count > Front::kDepth) invariant_failed("a front bin overflows");
+    for (std::size_t i = 0; i < bin.count; ++i) {
+      const Block* b = bin.blocks[i];
+      if (b->front != &f || b->front_live || f.held.find(b->ptr) != b || b->size != bin.size ||
+          b->stream != bin.stream) {
+        invariant_failed(
+            "a front bin holds a block it does not hold cached, or of another size or stream");
+      }
+      ++n;
+      bytes += b->size;
+    }
+  }
+  if (n != f.cached_blocks || bytes != f.cached_bytes) invariant_failed("front cache totals are wrong");
+  for (auto [ptr, b] : f.held) {
+    ++t.held_total;
+    const Segment* seg = b->segment;
+    if (b->front != &f || b->ptr != ptr || b->state != BlockState::kAllocated ||
+        live_.find(ptr) != b || seg->pool != PoolKind::kSmall || seg->persistent || b->planned ||
+        seg->in_territory(b) || !b->uses.empty() || b->step != 0) {
+      invariant_failed("a front holds a block that is not an allocated small-pool block linked to it");
+    }
+    if (b->front_live && b->front_req > b->requested) {
+      invariant_failed("a front served more than a block's booked size");
+    }
+    if (b->front_live && b->front_req != b->requested &&
+        std::find(f.dirty, f.dirty + f.dirty_count, b) == f.dirty + f.dirty_count) {
+      invariant_failed("a block served below its booked size is not on its front's dirty list");
+    }
+  }
+}
+
+void Arena::check_segment_locked(const Segment& seg, InvariantTally& t) const {
+  if (seg.size == 0) {
+    if (seg.head) invariant_failed("an empty segment has blocks");
+    return;
+  }
+  t.reserved += static_cast<std::int64_t>(seg.mapped_bytes);
+  ++t.segments;
+  if (seg.expandable) {
+    check_granules_locked(seg);
+  } else if (seg.mapped_bytes != seg.size) {
+    invariant_failed("a fixed segment is not wholly mapped");
+  }
+  const char* expect = seg.base;
+  std::size_t seg_live = 0, plan_free = 0;
+  const Block* prev = nullptr;
+  for (const Block* b = seg.head; b; prev = b, b = b->next) {
+    if (b->ptr != expect) invariant_failed("blocks do not tile their segment");
+    if (b->prev != prev || b->segment != &seg) invariant_failed("broken block links");
+    if (b->size == 0 || b->size % unit_ || reinterpret_cast<std::uintptr_t>(b->ptr) % unit_) {
+      invariant_failed("unaligned block");
+    }
+    const char* line = seg.base + seg.plan_top;
+    if (seg.plan_top && b->ptr < line && line < b->ptr + b->size) {
+      invariant_failed("a block straddles the territory line");
+    }
+    expect = b->ptr + b->size;
+    if (b->state == BlockState::kFree) {
+      check_free_block_locked(seg, b, prev, t);
+      plan_free += seg.in_territory(b) ? 1 : 0;
+    } else {
+      ++seg_live;
+      check_used_block_locked(seg, b, t);
+    }
+  }
+  if (expect != seg.base + seg.size) invariant_failed("blocks do not cover their segment");
+  if (seg.tail != prev) invariant_failed("segment tail is wrong");
+  if (seg_live != seg.live) invariant_failed("segment live count is wrong");
+  if (plan_free != seg.plan_free.size()) invariant_failed("stale entries in a territory index");
+}
+
+void Arena::check_granules_locked(const Segment& seg) const {
+  const std::size_t gran = device_->range_granularity();
+  if (seg.size % gran || seg.mapped.size() != seg.size / gran) {
+    invariant_failed("granule map has the wrong length");
+  }
+  const auto n = static_cast<std::size_t>(std::count(seg.mapped.begin(), seg.mapped.end(), true));
+  if (n * gran != seg.mapped_bytes) invariant_failed("mapped_bytes disagrees with the granule map");
+  for (const Block* b = seg.head; b; b = b->next) {
+    if (b->state == BlockState::kFree && !seg.in_territory(b)) continue;
+    const auto off = static_cast<std::size_t>(b->ptr - seg.base);
+    for (std::size_t i = off / gran; i <= (off + b->size - 1) / gran; ++i) {
+      if (!seg.mapped[i]) invariant_failed("a block in use or in planned territory is not mapped");
+    }
+  }
+}
+
+void Arena::check_free_block_locked(const Segment& seg, const Block* b, const Block* prev,
+                                    InvariantTally& t) const {
+  if (prev && prev->state == BlockState::kFree && seg.in_territory(prev) == seg.in_territory(b)) {
+    invariant_failed("two free neighbours were not merged");
+  }
+  if (seg.in_territory(b)) {
+    auto f = seg.plan_free.find(b->ptr);
+    if (f == seg.plan_free.end() || f->second != b) invariant_failed("territory free block not indexed");
+  } else {
+    const FreeSet& s = free_set(&seg);
+    if (!s.count(const_cast<Block*>(b))) invariant_failed("free block not in the best-fit index");
+    (seg.persistent ? t.free_persistent : seg.pool == PoolKind::kSmall ? t.free_small : t.free_large)++;
+  }
+  if (b->prev || b->next) {
+    t.inactive += static_cast<std::int64_t>(b->size);
+    ++t.inactive_n;
+  }
+}
+
+void Arena::check_used_block_locked(const Segment& seg, const Block* b, InvariantTally& t) const {
+  const auto size = static_cast<std::int64_t>(b->size);
+  if (b->state == BlockState::kCached) {
+    ++t.cached_seen;
+    t.inactive += size;
+    ++t.inactive_n;
+    if (!t.cached.count(b)) invariant_failed("a cached block is in no cache bin");
+    if (b->planned || seg.in_territory(b) || !b->uses.empty()) {
+      invariant_failed("a planned, territory or stream-used block is in the free cache");
+    }
+    return;
+  }
+  t.active += size;
+  ++t.active_n;
+  if (b->state != BlockState::kAllocated) {
+    t.pending += size;
+    if (b->pending_on <= 0) invariant_failed("pending block waits on nothing");
+    return;
+  }
+  ++t.live;
+  if (live_.find(b->ptr) != b) invariant_failed("allocated block missing from the live map");
+  if (b->front) ++t.held_seen;
+  if (b->front && !b->front_live) {
+    // Cached by a front: its true state is freed.
+    t.active -= size;
+    --t.active_n;
+    return;
+  }
+  t.allocated += size;
+  ++t.allocated_n;
+  // Live through a front: its caller's size; otherwise the booked one.
+  t.requested += static_cast<std::int64_t>(b->front ? b->front_req : b->requested);
+}
+
+void Arena::check_totals_locked(const InvariantTally& t) const {
+  if (t.free_small != small_free_.size() || t.free_large != large_free_.size() ||
+      t.free_persistent != persistent_free_.size()) {
+    invariant_failed("stale entries in the best-fit index");
+  }
+  if (t.live != live_.size()) invariant_failed("live map has entries without blocks");
+  if (t.cached_seen != t.cached.size()) invariant_failed("a cache bin holds a block of no segment");
+  if (t.held_seen != t.held_total) invariant_failed("a front holds a block of no segment");
   const auto& s = stats_;
-  if (s.allocated_bytes[0].current + net_bytes != allocated) fail("allocated_bytes disagrees with the blocks");
-  if (s.allocation[0].current + net_n != allocated_n) fail("allocation count disagrees with the blocks");
-  if (s.requested_bytes[0].current + net_req != requested) fail("requested_bytes disagrees with the blocks");
-  if (s.active_bytes[0].current + net_bytes != active || s.active[0].current + net_n != active_n) {
-    fail("active disagrees with the blocks");
+  if (s.allocated_bytes[0].current + t.net_bytes != t.allocated) {
+    invariant_failed("allocated_bytes disagrees with the blocks");
   }
-  if (s.reserved_bytes[0].current != reserved) fail("reserved_bytes disagrees with the segments");
-  if (s.segment[0].current != segments) fail("segment count disagrees");
-  if (s.inactive_split_bytes[0].current != inactive || s.inactive_split[0].current != inactive_n) {
-    fail("inactive_split disagrees with the blocks");
+  if (s.allocation[0].current + t.net_n != t.allocated_n) {
+    invariant_failed("allocation count disagrees with the blocks");
   }
-  if (s.pending_bytes.current != pending) fail("pending_bytes disagrees with the blocks");
+  if (s.requested_bytes[0].current + t.net_req != t.requested) {
+    invariant_failed("requested_bytes disagrees with the blocks");
+  }
+  if (s.active_bytes[0].current + t.net_bytes != t.active ||
+      s.active[0].current + t.net_n != t.active_n) {
+    invariant_failed("active disagrees with the blocks");
+  }
+  if (s.reserved_bytes[0].current != t.reserved) invariant_failed("reserved_bytes disagrees with the segments");
+  if (s.segment[0].current != t.segments) invariant_failed("segment count disagrees");
+  if (s.inactive_split_bytes[0].current != t.inactive || s.inactive_split[0].current != t.inactive_n) {
+    invariant_failed("inactive_split disagrees with the blocks");
+  }
+  if (s.pending_bytes.current != t.pending) invariant_failed("pending_bytes disagrees with the blocks");
   for (auto m : detail::kStatArrays) {
     const StatArray& a = s.*m;
-    if (a[0].current != a[1].current + a[2].current) fail("pool stats do not add up");
+    if (a[0].current != a[1].current + a[2].current) invariant_failed("pool stats do not add up");
   }
-  if (s.stat_underflows) fail("a stat went negative");
+  if (s.stat_underflows) invariant_failed("a stat went negative");
 }
 
 }  // namespace renaissance

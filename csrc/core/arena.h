@@ -210,6 +210,11 @@ struct OomHooks {
   std::function<void*()> last_resort;
 };
 
+// Which free set (and which expandable segment of a stream) a segment's
+// blocks belong to: the small pool, the large pool, or the persistent
+// segment of recorded optimizer steps. Keys expandable_ and the free cache.
+enum class SegmentClass : std::uint8_t { kSmall, kLarge, kPersistent };
+
 class Arena {
  public:
   // `group`: the stats group of the device's arenas (see StatsGroup), or
@@ -334,6 +339,17 @@ class Arena {
   void end_step(bool checked);  // checked: raise (unchanged) when no step is open
   void publish_locked() noexcept;
   void check_invariants_locked() const;
+  // Its parts (arena.cpp): each checks one structure and adds what it
+  // counts to the tally; check_totals_locked compares the tally with the books.
+  struct InvariantTally;
+  void check_cache_locked(InvariantTally& t) const;
+  void check_front_locked(const Front& f, InvariantTally& t) const;
+  void check_segment_locked(const Segment& seg, InvariantTally& t) const;
+  void check_granules_locked(const Segment& seg) const;
+  void check_free_block_locked(const Segment& seg, const Block* b, const Block* prev,
+                               InvariantTally& t) const;
+  void check_used_block_locked(const Segment& seg, const Block* b, InvariantTally& t) const;
+  void check_totals_locked(const InvariantTally& t) const;
   // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
   void debug_check_locked() const noexcept;
   void debug_check_fast_path() const noexcept;  // the same after a front's operation
@@ -411,7 +427,7 @@ class Arena {
   struct CacheBin {
     std::size_t size = 0;  // rounded bytes of its blocks
     StreamId stream = 0;
-    int cls = 0;           // expandable_class of their segments
+    SegmentClass cls = SegmentClass::kSmall;  // of their segments
     std::size_t count = 0;
     Block* blocks[kCacheDepth] = {};
   };
@@ -427,7 +443,7 @@ class Arena {
   // Only the bins of `stream` and free-set class `cls` (expandable_class):
   // the blocks that could merge into a fit for a request there. True when
   // it flushed any.
-  bool flush_cache_locked(StreamId stream, int cls);
+  bool flush_cache_locked(StreamId stream, SegmentClass cls);
   void flush_bin_locked(CacheBin& bin);
   // For stats(), snapshot() and largest_free_block(): they report free
   // memory merged.
@@ -532,7 +548,7 @@ class Arena {
   std::map<char*, std::unique_ptr<Segment>> segments_;  // by base address
   // Expandable segments by (stream, class): 1 small pool, 2 large pool,
   // 3 the persistent segment of recorded optimizer steps.
-  std::map<std::pair<StreamId, int>, Segment*> expandable_;
+  std::map<std::pair<StreamId, SegmentClass>, Segment*> expandable_;
   bool ranges_ok_;
   FreeSet small_free_, large_free_, persistent_free_;
   bool persistent_hint_ = false;

@@ -4,6 +4,12 @@
 
 #include <algorithm>
 
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "core/arena.h"
 
 namespace renaissance {
@@ -17,26 +23,13 @@ struct ThreadFronts {
 };
 
 thread_local ThreadFronts t_fronts;
-// The last front looked up: trivially destructible (no TLS guard on the fast
-// path) and initial-exec (no __tls_get_addr call; 16 bytes of the static TLS
-// surplus glibc keeps for libraries that are dlopen()ed).
-#if defined(__GNUC__) && defined(__linux__)
-#define TR_TLS_FAST __attribute__((tls_model("initial-exec")))
-#else
-#define TR_TLS_FAST
-#endif
-struct LastFront {
-  std::uint64_t serial;
-  Front* front;
-};
-thread_local LastFront t_last_front TR_TLS_FAST = {0, nullptr};
 // Set once t_fronts is being destroyed: later calls (other thread-local
 // destructors freeing memory) take the arena's slow path.
 thread_local bool t_exiting = false;
 
 ThreadFronts::~ThreadFronts() {
   t_exiting = true;
-  t_last_front = {0, nullptr};
+  front_tls::t_last_front = {0, nullptr};
   {
     for (auto& f : fronts) {
       std::lock_guard<std::mutex> g(f->registry->mu);  // the arena cannot go away meanwhile
@@ -45,12 +38,67 @@ ThreadFronts::~ThreadFronts() {
   }
 }
 
+#if defined(__linux__) && defined(__NR_membarrier)
+// Registers the process for expedited private membarriers; false where the
+// kernel has none (then the light fence is a full fence).
+bool register_membarrier() noexcept {
+  const long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return false;
+  return syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+#else
+bool register_membarrier() noexcept { return false; }
+#endif
+
 }  // namespace
+
+namespace asym {
+
+// Decided at load time, before any thread can enter a fast path.
+bool g_light_is_compiler_barrier = register_membarrier();
+
+void heavy_fence() noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#if defined(__linux__) && defined(__NR_membarrier)
+  if (g_light_is_compiler_barrier) {
+    // EPERM only without a registration (kept across fork(), dropped by
+    // exec(), which also drops this library): register again and retry.
+    if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+      syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0);
+      syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    }
+  }
+#endif
+}
+
+}  // namespace asym
+
+void lock_fronts(const std::vector<std::shared_ptr<Front>>& fronts) noexcept {
+  bool remote = false;
+  for (const auto& f : fronts) {
+    f->lock.acquire_flag();
+    remote |= !f->lock.owned_by_caller();
+  }
+  if (!remote) return;  // only the caller's own front: it is not in its fast path
+  asym::heavy_fence();
+  for (const auto& f : fronts) {
+    if (!f->lock.owned_by_caller()) f->lock.wait_owner_out();
+  }
+}
+
+void unlock_fronts(const std::vector<std::shared_ptr<Front>>& fronts) noexcept {
+  for (auto it = fronts.rbegin(); it != fronts.rend(); ++it) (*it)->lock.unlock();
+}
 
 namespace front_tls {
 
-Front* find(std::uint64_t serial) noexcept {
-  if (t_last_front.serial == serial) return t_last_front.front;
+#if defined(__GNUC__) && defined(__linux__)
+__thread LastFront t_last_front __attribute__((tls_model("initial-exec"))) = {0, nullptr};
+#else
+thread_local LastFront t_last_front = {0, nullptr};
+#endif
+
+Front* find_slow(std::uint64_t serial) noexcept {
   if (t_exiting) return nullptr;
   for (auto& f : t_fronts.fronts) {
     if (f->arena_serial == serial) {

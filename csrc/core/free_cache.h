@@ -36,19 +36,118 @@ namespace renaissance {
 class Arena;
 struct Block;
 
-// A lock for a front: taken by its thread on every fast allocation and free
-// (uncontended: one atomic exchange) and by the arena's slow paths, rarely.
+// The bins of a free cache (the arena's shared one and each front): N bins of
+// blocks of one key (rounded size, stream, ...), a key's bin lying among the
+// `probes` bins from its home (linear probing, wrapping). A bin keeps its key
+// when it empties, so a key that comes back finds its bin at the first probe;
+// an empty bin is given another key only when no bin of the window has the
+// new key. So a key has at most one bin in its window (take_bin may stop at
+// the first bin of its key).
+namespace bins {
+
+// The bin of `key`'s blocks, or nullptr where it has none (or none cached).
+template <typename Bin, std::size_t N, typename SameKey>
+inline Bin* take_bin(Bin (&bins)[N], std::size_t home, std::size_t probes, SameKey same_key) {
+  static_assert((N & (N - 1)) == 0, "bin counts are powers of two");
+  for (std::size_t probe = 0, i = home; probe < probes; ++probe, i = (i + 1) & (N - 1)) {
+    Bin& bin = bins[i];
+    if (same_key(bin)) return bin.count ? &bin : nullptr;
+  }
+  return nullptr;
+}
+
+// The bin a block of `key` goes to: its key's bin while that has room, else
+// (no bin of the key in the window) the first empty bin, given the key by
+// `set_key`; nullptr where the key's bin is full or no bin is free.
+template <std::size_t Depth, typename Bin, std::size_t N, typename SameKey, typename SetKey>
+inline Bin* put_bin(Bin (&bins)[N], std::size_t home, std::size_t probes, SameKey same_key,
+                    SetKey set_key) {
+  static_assert((N & (N - 1)) == 0, "bin counts are powers of two");
+  Bin* empty = nullptr;
+  for (std::size_t probe = 0, i = home; probe < probes; ++probe, i = (i + 1) & (N - 1)) {
+    Bin& bin = bins[i];
+    if (same_key(bin)) return bin.count < Depth ? &bin : nullptr;
+    if (bin.count == 0 && !empty) empty = &bin;
+  }
+  if (empty) set_key(*empty);
+  return empty;
+}
+
+}  // namespace bins
+
+// Process-wide asymmetric fences (Linux membarrier(2), as folly's
+// asymmetric_thread_fence_*): the light one costs the hot path nothing but a
+// compiler barrier, the heavy one makes every other thread of the process
+// pass a full memory barrier (an IPI to the CPUs running them). Where the
+// kernel lacks membarrier the light fence is a full fence and the heavy one
+// a full fence too (free_cache.cpp decides once, at load time).
+namespace asym {
+extern bool g_light_is_compiler_barrier;  // membarrier(PRIVATE_EXPEDITED) is registered
+inline void light_fence() noexcept {
+  if (g_light_is_compiler_barrier) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+void heavy_fence() noexcept;
+}  // namespace asym
+
+// The lock of a front. Its own thread enters and leaves the fast path
+// (enter_fast/leave_fast: a flag store, a compiler barrier and a load, no
+// atomic read-modify-write); every other use (the arena's slow paths, on
+// any thread) takes lock()/unlock(), a spin lock that, taken from another
+// thread than the owner, also waits until the owner is out of the fast path.
+// That is a Dekker pair made asymmetric: the owner stores `busy_` then
+// loads `locked_`; a locker sets `locked_`, runs the heavy fence, then loads
+// `busy_`; the heavy fence guarantees that at least one of them sees the
+// other's store, so the two never both go on. The owner taking its own lock
+// needs no fence: it is never inside its fast path then (program order).
 class FrontLock {
  public:
+  // The thread whose fast path this lock guards (set once, before the front
+  // is published to that thread).
+  void set_owner(std::thread::id owner) noexcept { owner_ = owner; }
+
+  // Owner only. True: inside the fast path until leave_fast(); false: a
+  // locker holds the front (take the slow path).
+  bool enter_fast() noexcept {
+    busy_.store(true, std::memory_order_relaxed);
+    asym::light_fence();
+    if (locked_.load(std::memory_order_acquire)) {
+      busy_.store(false, std::memory_order_release);
+      return false;
+    }
+    return true;
+  }
+  void leave_fast() noexcept { busy_.store(false, std::memory_order_release); }
+
   void lock() noexcept {
-    while (flag_.exchange(true, std::memory_order_acquire)) {
-      while (flag_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    acquire_flag();
+    if (std::this_thread::get_id() != owner_) {
+      asym::heavy_fence();
+      wait_owner_out();
     }
   }
-  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+  // lock() in two halves, so that many fronts are locked with one heavy
+  // fence: acquire_flag() on each, asym::heavy_fence() once, then
+  // wait_owner_out() on each (lock_all below).
+  void acquire_flag() noexcept {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      while (locked_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    }
+  }
+  void wait_owner_out() const noexcept {
+    while (busy_.load(std::memory_order_acquire)) std::this_thread::yield();
+  }
+  bool owned_by_caller() const noexcept { return std::this_thread::get_id() == owner_; }
 
  private:
-  std::atomic<bool> flag_{false};
+  std::atomic<bool> locked_{false};  // held by a locker (lock())
+  std::atomic<bool> busy_{false};    // the owner is inside its fast path
+  std::thread::id owner_;
 };
 
 class FrontGuard {
@@ -60,6 +159,23 @@ class FrontGuard {
 
  private:
   FrontLock& l_;
+};
+
+// The owner's fast section (FrontLock::enter_fast); `entered()` false: take
+// the slow path.
+class FastSection {
+ public:
+  explicit FastSection(FrontLock& l) noexcept : l_(l), in_(l.enter_fast()) {}
+  ~FastSection() {
+    if (in_) l_.leave_fast();
+  }
+  bool entered() const noexcept { return in_; }
+  FastSection(const FastSection&) = delete;
+  FastSection& operator=(const FastSection&) = delete;
+
+ private:
+  FrontLock& l_;
+  bool in_;
 };
 
 // Whether the arena a front belongs to still exists: a thread that exits
@@ -112,9 +228,31 @@ struct Front {
   }
 };
 
+// Locks every front of a list with one heavy fence (FrontLock::lock in two
+// halves), and unlocks them in reverse order.
+void lock_fronts(const std::vector<std::shared_ptr<Front>>& fronts) noexcept;
+void unlock_fronts(const std::vector<std::shared_ptr<Front>>& fronts) noexcept;
+
 namespace front_tls {
+// The last front the calling thread looked up: trivially destructible and,
+// with GCC/Clang, `__thread` in the initial-exec model (no TLS wrapper and
+// no __tls_get_addr call on the fast path; 16 bytes of the static TLS
+// surplus glibc keeps for dlopen()ed libraries).
+struct LastFront {
+  std::uint64_t serial;  // 0: none (arena serials start at 1)
+  Front* front;
+};
+#if defined(__GNUC__) && defined(__linux__)
+extern __thread LastFront t_last_front __attribute__((tls_model("initial-exec")));
+#else
+extern thread_local LastFront t_last_front;
+#endif
+Front* find_slow(std::uint64_t serial) noexcept;
 // The calling thread's front of the arena with this serial, or nullptr.
-Front* find(std::uint64_t serial) noexcept;
+inline Front* find(std::uint64_t serial) noexcept {
+  if (t_last_front.serial == serial) return t_last_front.front;
+  return find_slow(serial);
+}
 // Registers a front as the calling thread's (the arena holds it too); false
 // (nothing registered) once the thread is exiting. At thread exit every
 // front registered here goes back to its arena (Arena::retire_front), if the
