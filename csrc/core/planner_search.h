@@ -130,6 +130,7 @@ class CanonicalSearch {
   std::vector<Change> trail_;
   std::vector<std::vector<Cand>> levels_;  // per depth: candidates
   std::vector<Cand> kept_, raised_;        // scratch for the merge
+  std::vector<Cand> whole_;                // scratch: the check before a split
   std::vector<std::vector<Cand>> parts_;   // per depth: items of one part
   std::vector<std::vector<std::uint32_t>> done_;  // per depth: solved parts
   std::vector<std::vector<std::int32_t>> points_;  // per depth: new cuts
