@@ -562,8 +562,9 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     }
     return work.out() || height <= lb;
   };
-  // Three schedules share the budget, each run next by whichever has used
-  // least of it:
+  // Three schedules share the budget, the exact one half of it and the
+  // other two the rest, each run next by whichever has used least of its
+  // share:
   //  * exact: MiniMalloc's round robin at the lower bound: its three
   //    pre-orders, each part re-ordered as the search splits it, under a
   //    node limit doubling every round (n, 2n, 4n, ...), so that a hard

@@ -17,7 +17,12 @@
 //     of buffers of size >= L must fit into the free ranges above the floor
 //     that are at least L long (see planner_obstacles.h);
 //   * hatless pruning: when a placed buffer constrains nothing unplaced, its
-//     siblings need not be tried.
+//     siblings need not be tried;
+//   * before a placement splits the time range into parts (solve_parts),
+//     the section bounds over the whole range with its offset as the floor
+//     (as MiniMalloc checks its partition before it decomposes): each part
+//     alone restarts from floor 0 and is reached only after the parts
+//     before it are solved.
 //
 // Invariants kept here:
 //   * A solution returned by solve() is valid and its height is at most the
@@ -147,7 +152,8 @@ class CanonicalSearch {
 };
 
 // search_small: two schedules over the canonical search share the budget
-// (whichever has used less runs next): MiniMalloc's round robin at the lower
+// (the exact one half of it, whichever has used less of its share runs
+// next): MiniMalloc's round robin at the lower
 // bound (its WAT, TAW, TWA pre-orders, each part re-ordered as the search
 // splits it, node limits n, 2n, 4n, ... without cap), and a ladder with
 // restarts (five fixed pre-orders and seeded perturbations of them, node
