@@ -271,243 +271,299 @@ SubProblem make_sub(const Instance& inst, const std::vector<std::uint64_t>& offs
 
 }  // namespace
 
-void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed,
-                  Work& work, std::uint64_t& height, std::vector<std::uint64_t>& offsets,
-                  std::string& method) {
+namespace {
+
+// Whether repair_peaks can work on this instance and plan: two or more free
+// items, some ticks, a plan above the bound, and size sums far from the
+// 64-bit limit Instance checks (a sub-problem repeats a kept item once per
+// piece).
+bool repairable(const Instance& inst, std::uint64_t lower_bound, std::uint64_t height) {
   const std::uint32_t n = inst.num_free;
-  const std::int32_t T = inst.ticks;
-  if (n < 2 || T <= 0 || height <= lower_bound) return;
+  if (n < 2 || inst.ticks <= 0 || height <= lower_bound) return false;
   for (std::uint32_t i = 0; i < n; ++i) {
     std::int64_t lo = 0, hi = 0;
-    if (!tick_lifetime(inst, i, lo, hi)) return;  // (never: see tick_lifetime)
+    if (!tick_lifetime(inst, i, lo, hi)) return false;  // (never: see tick_lifetime)
   }
-  // A sub-problem repeats a kept item once per piece: keep its size sums
-  // far from the 64-bit limit Instance checks.
   std::uint64_t total = inst.fixed_top;
   for (std::uint32_t i = 0; i < inst.num_items; ++i) {
-    if (inst.size[i] > (std::uint64_t{1} << 60) - total) return;
+    if (inst.size[i] > (std::uint64_t{1} << 60) - total) return false;
     total += inst.size[i];
   }
-  std::uint64_t rng = seed ^ 0x9ea4c0ffeeull;
-  std::vector<std::uint64_t> top(static_cast<std::size_t>(T));
-  std::size_t leaves = 1;
-  while (leaves < static_cast<std::size_t>(T)) leaves *= 2;
-  std::vector<std::uint64_t> tags(2 * leaves);
-  std::vector<std::uint32_t> sum(static_cast<std::size_t>(T) + 1);
-  std::vector<char> hot(static_cast<std::size_t>(T)), window(hot.size());
-  std::vector<std::int32_t> cuts, runs;
-  std::vector<std::uint32_t> chosen;
-  std::vector<char> freed(n);
-  std::vector<std::uint64_t> cur = offsets, sub_offs, offs;
-  std::vector<std::uint64_t> failed;  // freed sets that gave nothing at this height
-  std::size_t stage = 0, skipped = 0;
-  // Marks the free items live at a tick of `mask` within [from, to); returns
-  // how many.
-  auto free_at = [&](const std::vector<char>& mask, std::int32_t from, std::int32_t to) {
-    sum[0] = 0;
-    for (std::int32_t t = 0; t < T; ++t) {
-      sum[t + 1] = sum[t] + (t >= from && t < to && mask[t] ? 1 : 0);
+  return true;
+}
+
+// The state of repair_peaks (see planner_improve.h) and its steps: a round
+// computes the plan's top per tick (compute_top), picks the freed set of
+// its stage (choose_freed, with free_at), and re-plans it as a sub-problem
+// (solve_region).
+class PeakRepair {
+ public:
+  PeakRepair(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed, Work& work,
+             std::uint64_t& height, std::vector<std::uint64_t>& offsets, std::string& method)
+      : inst_(inst), lower_bound_(lower_bound), work_(work), height_(height),
+        offsets_(offsets), method_(method), n_(inst.num_free), T_(inst.ticks),
+        rng_(seed ^ 0x9ea4c0ffeeull), top_(static_cast<std::size_t>(T_)),
+        sum_(static_cast<std::size_t>(T_) + 1), hot_(static_cast<std::size_t>(T_)),
+        window_(hot_.size()), freed_(n_), cur_(offsets) {
+    while (leaves_ < static_cast<std::size_t>(T_)) leaves_ *= 2;
+    tags_.assign(2 * leaves_, 0);
+    while ((std::size_t{1} << log_leaves_) < leaves_) ++log_leaves_;
+  }
+
+  void run() {
+    bool top_valid = false;  // top_ describes cur_ (recomputed only after cur_ changed)
+    std::vector<std::uint64_t> failed;  // freed sets that gave nothing at this height
+    std::size_t stage = 0, skipped = 0;
+    // Units of the last round outside its sub-search (which looks at the
+    // clock): a round starts only when the clock fits that much.
+    std::uint64_t fixed_cost = 0;
+    while (height_ > lower_bound_ && !work_.out() && work_.fits_clock(fixed_cost)) {
+      const std::uint64_t round_start = work_.used();
+      if (!top_valid) {
+        compute_top();
+        top_valid = true;
+      }
+      const std::uint32_t count = choose_freed(kStages[stage]);
+      // A freed set that already failed at this height is skipped (until
+      // every stage in a row has been, then all are tried again with fresh
+      // seeds).
+      const std::uint64_t key = hash_marks(freed_);
+      if (std::find(failed.begin(), failed.end(), key) != failed.end()) {
+        stage = (stage + 1) % kNumStages;
+        if (++skipped >= kNumStages) {
+          failed.clear();
+          skipped = 0;
+        }
+        continue;
+      }
+      skipped = 0;
+      std::uint64_t searched = 0;
+      const bool progress = solve_region(count, searched);
+      if (progress) top_valid = false;
+      fixed_cost = work_.used() - round_start - searched;
+      if (progress) {
+        failed.clear();
+        stage = 0;
+      } else {
+        failed.push_back(key);
+        stage = (stage + 1) % kNumStages;
+      }
+    }
+  }
+
+ private:
+  // Marks the free items live at a tick of `mask` within [from, to);
+  // returns how many.
+  std::uint32_t free_at(const std::vector<char>& mask, std::int32_t from, std::int32_t to) {
+    sum_[0] = 0;
+    for (std::int32_t t = 0; t < T_; ++t) {
+      sum_[t + 1] = sum_[t] + (t >= from && t < to && mask[t] ? 1 : 0);
     }
     std::uint32_t count = 0;
-    for (std::uint32_t i = 0; i < n; ++i) {
-      freed[i] = 0;
-      for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
-        if (sum[inst.pieces[k].hi] != sum[inst.pieces[k].lo]) freed[i] = 1;
+    for (std::uint32_t i = 0; i < n_; ++i) {
+      freed_[i] = 0;
+      for (std::uint32_t k = inst_.piece_begin[i]; k < inst_.piece_begin[i + 1]; ++k) {
+        if (sum_[inst_.pieces[k].hi] != sum_[inst_.pieces[k].lo]) freed_[i] = 1;
       }
-      count += freed[i];
+      count += freed_[i];
     }
-    work.add(static_cast<std::uint64_t>(T) + 2 * n);
+    work_.add(static_cast<std::uint64_t>(T_) + 2 * n_);
     return count;
-  };
-  std::uint32_t log_leaves = 0;
-  while ((std::size_t{1} << log_leaves) < leaves) ++log_leaves;
+  }
+
   // The plan's top per tick: each piece raises the canonical nodes of its
   // ticks in a bottom-up segment tree, then the maxima are pushed down to
   // the leaves (O(pieces log T + T), whatever the lifetimes' lengths).
-  auto compute_top = [&]() {
-    std::fill(tags.begin(), tags.end(), 0);
-    for (std::uint32_t i = 0; i < inst.num_items; ++i) {
-      const std::uint64_t end = cur[i] + inst.size[i];
-      for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
-        std::size_t l = leaves + static_cast<std::size_t>(inst.pieces[k].lo);
-        std::size_t r = leaves + static_cast<std::size_t>(inst.pieces[k].hi);
+  void compute_top() {
+    std::fill(tags_.begin(), tags_.end(), 0);
+    for (std::uint32_t i = 0; i < inst_.num_items; ++i) {
+      const std::uint64_t end = cur_[i] + inst_.size[i];
+      for (std::uint32_t k = inst_.piece_begin[i]; k < inst_.piece_begin[i + 1]; ++k) {
+        std::size_t l = leaves_ + static_cast<std::size_t>(inst_.pieces[k].lo);
+        std::size_t r = leaves_ + static_cast<std::size_t>(inst_.pieces[k].hi);
         for (; l < r; l >>= 1, r >>= 1) {
           if (l & 1) {
-            tags[l] = std::max(tags[l], end);
+            tags_[l] = std::max(tags_[l], end);
             ++l;
           }
           if (r & 1) {
             --r;
-            tags[r] = std::max(tags[r], end);
+            tags_[r] = std::max(tags_[r], end);
           }
         }
       }
     }
-    for (std::size_t v = 1; v < leaves; ++v) {
-      tags[2 * v] = std::max(tags[2 * v], tags[v]);
-      tags[2 * v + 1] = std::max(tags[2 * v + 1], tags[v]);
+    for (std::size_t v = 1; v < leaves_; ++v) {
+      tags_[2 * v] = std::max(tags_[2 * v], tags_[v]);
+      tags_[2 * v + 1] = std::max(tags_[2 * v + 1], tags_[v]);
     }
-    for (std::int32_t t = 0; t < T; ++t) top[t] = tags[leaves + static_cast<std::size_t>(t)];
-    work.add(inst.pieces.size() * (4 + 2 * log_leaves) + 3 * leaves);
-  };
-  bool top_valid = false;  // top[] describes cur (recomputed only after cur changed)
-  // Units of the last round outside its sub-search (which looks at the
-  // clock): a round starts only when the clock fits that much.
-  std::uint64_t fixed_cost = 0;
-  while (height > lower_bound && !work.out() && work.fits_clock(fixed_cost)) {
-    const std::uint64_t round_start = work.used();
-    std::uint64_t searched = 0;
-    if (!top_valid) {
-      compute_top();
-      top_valid = true;
-    }
-    // The freed set: every item live in the window of this stage; too many,
-    // and it is cut to one run of the window, then to one hot tick of it.
-    const Stage& st = kStages[stage];
+    for (std::int32_t t = 0; t < T_; ++t) top_[t] = tags_[leaves_ + static_cast<std::size_t>(t)];
+    work_.add(inst_.pieces.size() * (4 + 2 * log_leaves_) + 3 * leaves_);
+  }
+
+  // The freed set of stage `st` (freed_; returns its size): every item live
+  // in the window of this stage; too many, and it is cut to one run of the
+  // window, then to the items with the highest tops over that run.
+  std::uint32_t choose_freed(const Stage& st) {
     const std::uint64_t threshold =
-        height - static_cast<std::uint64_t>(st.band * static_cast<double>(height));
-    const auto radius = static_cast<std::int32_t>(st.radius * static_cast<double>(T));
-    sum[0] = 0;
-    for (std::int32_t t = 0; t < T; ++t) {
-      hot[t] = top[t] >= threshold;
-      sum[t + 1] = sum[t] + hot[t];
+        height_ - static_cast<std::uint64_t>(st.band * static_cast<double>(height_));
+    const auto radius = static_cast<std::int32_t>(st.radius * static_cast<double>(T_));
+    sum_[0] = 0;
+    for (std::int32_t t = 0; t < T_; ++t) {
+      hot_[t] = top_[t] >= threshold;
+      sum_[t + 1] = sum_[t] + hot_[t];
     }
-    for (std::int32_t t = 0; t < T; ++t) {
-      window[t] = sum[std::min(T, t + radius + 1)] != sum[std::max(0, t - radius)];
+    for (std::int32_t t = 0; t < T_; ++t) {
+      window_[t] = sum_[std::min(T_, t + radius + 1)] != sum_[std::max(0, t - radius)];
     }
-    std::uint32_t count = free_at(window, 0, T);
-    if (count > kMaxFreed) {
-      runs.clear();
-      for (std::int32_t t = 0; t < T; ++t) {
-        if (window[t] && (t == 0 || !window[t - 1])) runs.push_back(t);
-      }
-      const std::int32_t a = runs[mix(rng) % runs.size()];
-      std::int32_t b = a;
-      while (b < T && window[b]) ++b;
-      count = free_at(window, a, b);
-      if (count > kMaxFreed) {
-        // Still too many: the top of the column over that run, the items
-        // with the highest tops.
-        chosen.clear();
-        for (std::uint32_t i = 0; i < n; ++i) {
-          if (freed[i]) chosen.push_back(i);
-        }
-        auto higher = [&](std::uint32_t x, std::uint32_t y) {
-          const std::uint64_t tx = cur[x] + inst.size[x], ty = cur[y] + inst.size[y];
-          return tx != ty ? tx > ty : x < y;
-        };
-        // How many: from a quarter of kMaxFreed to all of it, drawn, so
-        // that rounds on the same run free different stacks.
-        const std::size_t keep = kMaxFreed / 4 + mix(rng) % (kMaxFreed - kMaxFreed / 4 + 1);
-        std::partial_sort(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(keep),
-                          chosen.end(), higher);
-        for (std::size_t k = keep; k < chosen.size(); ++k) freed[chosen[k]] = 0;
-        count = static_cast<std::uint32_t>(std::min(keep, chosen.size()));
-        work.add(4 * chosen.size() + 16);
-      }
+    std::uint32_t count = free_at(window_, 0, T_);
+    if (count <= kMaxFreed) return count;
+    runs_.clear();
+    for (std::int32_t t = 0; t < T_; ++t) {
+      if (window_[t] && (t == 0 || !window_[t - 1])) runs_.push_back(t);
     }
-    // A freed set that already failed at this height is skipped (until every
-    // stage in a row has been, then all are tried again with fresh seeds).
-    const std::uint64_t key = hash_marks(freed);
-    if (std::find(failed.begin(), failed.end(), key) != failed.end()) {
-      stage = (stage + 1) % kNumStages;
-      if (++skipped >= kNumStages) {
-        failed.clear();
-        skipped = 0;
-      }
-      continue;
+    const std::int32_t a = runs_[mix(rng_) % runs_.size()];
+    std::int32_t b = a;
+    while (b < T_ && window_[b]) ++b;
+    count = free_at(window_, a, b);
+    if (count <= kMaxFreed) return count;
+    // Still too many: the top of the column over that run, the items with
+    // the highest tops.
+    chosen_.clear();
+    for (std::uint32_t i = 0; i < n_; ++i) {
+      if (freed_[i]) chosen_.push_back(i);
     }
-    skipped = 0;
-    bool progress = false;
+    auto higher = [&](std::uint32_t x, std::uint32_t y) {
+      const std::uint64_t tx = cur_[x] + inst_.size[x], ty = cur_[y] + inst_.size[y];
+      return tx != ty ? tx > ty : x < y;
+    };
+    // How many: from a quarter of kMaxFreed to all of it, drawn, so that
+    // rounds on the same run free different stacks.
+    const std::size_t keep = kMaxFreed / 4 + mix(rng_) % (kMaxFreed - kMaxFreed / 4 + 1);
+    std::partial_sort(chosen_.begin(), chosen_.begin() + static_cast<std::ptrdiff_t>(keep),
+                      chosen_.end(), higher);
+    for (std::size_t k = keep; k < chosen_.size(); ++k) freed_[chosen_[k]] = 0;
+    count = static_cast<std::uint32_t>(std::min(keep, chosen_.size()));
+    work_.add(4 * chosen_.size() + 16);
+    return count;
+  }
+
+  // Re-plans the `count` freed items as a sub-problem with everything else
+  // fixed; keeps the sub-plan (in cur_, and in the caller's plan when the
+  // height drops) when the freed region's top drops. Returns whether it
+  // did; `searched` gets the units of its share (the sub-search's budget).
+  bool solve_region(std::uint32_t count, std::uint64_t& searched) {
     // The freed items' highest top now: a sub-plan is kept when it is
     // strictly lower (every freed item ends at or below `ceiling`), so the
     // obstacles above the ceiling drop out (see make_sub).
     std::uint64_t region_top = 0;
-    for (std::uint32_t i = 0; i < n; ++i) {
-      if (freed[i]) region_top = std::max(region_top, cur[i] + inst.size[i]);
+    for (std::uint32_t i = 0; i < n_; ++i) {
+      if (freed_[i]) region_top = std::max(region_top, cur_[i] + inst_.size[i]);
     }
-    work.add(n);
-    if (count >= 2 && region_top > 0) {
-      const std::uint64_t ceiling = region_top - 1;
-      std::uint64_t lowest = kUnplaced;
-      for (std::uint32_t i = 0; i < n; ++i) {
-        if (freed[i]) lowest = std::min(lowest, cur[i]);
+    work_.add(n_);
+    if (count < 2 || region_top == 0) return false;
+    bool progress = false;
+    const std::uint64_t ceiling = region_top - 1;
+    std::uint64_t lowest = kUnplaced;
+    for (std::uint32_t i = 0; i < n_; ++i) {
+      if (freed_[i]) lowest = std::min(lowest, cur_[i]);
+    }
+    const SubProblem sub =
+        make_sub(inst_, cur_, freed_, ceiling, lowest, kObstaclesPerFreed * count, cuts_);
+    const std::uint64_t base = sub.floor;
+    const Instance sub_inst(sub.problem);
+    // Building it: make_sub walks every item (a few binary searches each),
+    // the Instance sorts the sub-problem's pieces, and the obstacle map
+    // copies the live obstacles at every tick where they change (at most
+    // their summed lengths).
+    std::uint64_t obstacle_ticks = 0;
+    for (std::uint32_t k = sub_inst.piece_begin[sub_inst.num_free]; k < sub_inst.pieces.size();
+         ++k) {
+      obstacle_ticks += static_cast<std::uint64_t>(sub_inst.pieces[k].hi - sub_inst.pieces[k].lo);
+    }
+    work_.add(24 * static_cast<std::uint64_t>(inst_.num_items) + 4 * cuts_.size() +
+              80 * static_cast<std::uint64_t>(sub_inst.num_items) +
+              std::min<std::uint64_t>(obstacle_ticks, std::uint64_t{1} << 21) +
+              static_cast<std::uint64_t>(T_));
+    // A slice of what is left; the search stops earlier when it reaches the
+    // sub-problem's bound.
+    Work child = work_.child(std::max<std::uint64_t>(work_.left() / kSlices, 4000000));
+    const ObstacleMap sub_map(sub_inst);
+    std::uint64_t sub_lb = detail::lower_bound(sub_inst, sub_map, &child);
+    if (sub_lb + base < region_top) {
+      // The current placement of the freed items, at region_top (above the
+      // clipped obstacles: only a height to beat).
+      sub_offs_ = initial_offsets(sub_inst);
+      for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
+        sub_offs_[k] = cur_[sub.items[sub_inst.buffer_of[k]]] - base;
       }
-      const SubProblem sub = make_sub(inst, cur, freed, ceiling, lowest,
-                                      kObstaclesPerFreed * count, cuts);
-      const std::uint64_t base = sub.floor;
-      const Instance sub_inst(sub.problem);
-      // Building it: make_sub walks every item (a few binary searches
-      // each), the Instance sorts the sub-problem's pieces, and the
-      // obstacle map copies the live obstacles at every tick where they
-      // change (at most their summed lengths).
-      std::uint64_t obstacle_ticks = 0;
-      for (std::uint32_t k = sub_inst.piece_begin[sub_inst.num_free]; k < sub_inst.pieces.size();
-           ++k) {
-        obstacle_ticks += static_cast<std::uint64_t>(sub_inst.pieces[k].hi - sub_inst.pieces[k].lo);
+      std::uint64_t sub_h = region_top - base;
+      std::string sub_method;
+      Placer placer(sub_inst);
+      for (const Order order : {Order::kSize, Order::kLength, Order::kPressureArea}) {
+        if (child.out()) break;
+        offs_ = initial_offsets(sub_inst);
+        placer.reset(offs_);
+        const std::uint64_t h =
+            std::max(placer.place(make_order(sub_inst, order), offs_, Fit::kBest, child),
+                     sub_inst.fixed_top);
+        if (h < sub_h) {
+          sub_h = h;
+          sub_offs_ = offs_;
+        }
+        if (sub_h <= sub_lb) break;
       }
-      work.add(24 * static_cast<std::uint64_t>(inst.num_items) + 4 * cuts.size() +
-               80 * static_cast<std::uint64_t>(sub_inst.num_items) +
-               std::min<std::uint64_t>(obstacle_ticks, std::uint64_t{1} << 21) +
-               static_cast<std::uint64_t>(T));
-      // A slice of what is left; the search stops earlier when it reaches
-      // the sub-problem's bound.
-      Work child = work.child(std::max<std::uint64_t>(work.left() / kSlices, 4000000));
-      const ObstacleMap sub_map(sub_inst);
-      std::uint64_t sub_lb = detail::lower_bound(sub_inst, sub_map, &child);
-      if (sub_lb + base < region_top) {
-        // The current placement of the freed items, at region_top (above
-        // the clipped obstacles: only a height to beat).
-        sub_offs = initial_offsets(sub_inst);
+      if (sub_h > sub_lb && !child.out() && sub_inst.num_free <= kSearchFreed) {
+        search_small(sub_inst, sub_map, sub_lb, mix(rng_), child, sub_h, sub_offs_, sub_method);
+      }
+      if (sub_h + base < region_top) {
         for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
-          sub_offs[k] = cur[sub.items[sub_inst.buffer_of[k]]] - base;
+          cur_[sub.items[sub_inst.buffer_of[k]]] = sub_offs_[k] + base;
         }
-        std::uint64_t sub_h = region_top - base;
-        std::string sub_method;
-        Placer placer(sub_inst);
-        for (const Order order : {Order::kSize, Order::kLength, Order::kPressureArea}) {
-          if (child.out()) break;
-          offs = initial_offsets(sub_inst);
-          placer.reset(offs);
-          const std::uint64_t h =
-              std::max(placer.place(make_order(sub_inst, order), offs, Fit::kBest, child),
-                       sub_inst.fixed_top);
-          if (h < sub_h) {
-            sub_h = h;
-            sub_offs = offs;
-          }
-          if (sub_h <= sub_lb) break;
+        const std::uint64_t h = std::max(detail::height(inst_, cur_), inst_.fixed_top);
+        work_.add(n_);
+        if (h < height_) {
+          height_ = h;
+          offsets_ = cur_;
+          method_ = "peak_search";
         }
-        if (sub_h > sub_lb && !child.out() && sub_inst.num_free <= kSearchFreed) {
-          search_small(sub_inst, sub_map, sub_lb, mix(rng), child, sub_h, sub_offs, sub_method);
-        }
-        if (sub_h + base < region_top) {
-          for (std::uint32_t k = 0; k < sub_inst.num_free; ++k) {
-            cur[sub.items[sub_inst.buffer_of[k]]] = sub_offs[k] + base;
-          }
-          const std::uint64_t h = std::max(detail::height(inst, cur), inst.fixed_top);
-          work.add(n);
-          if (h < height) {
-            height = h;
-            offsets = cur;
-            method = "peak_search";
-          }
-          progress = true;
-          top_valid = false;
-        }
+        progress = true;
       }
-      searched = child.used();
-      work.absorb(child);
     }
-    fixed_cost = work.used() - round_start - searched;
-    if (progress) {
-      failed.clear();
-      stage = 0;
-    } else {
-      failed.push_back(key);
-      stage = (stage + 1) % kNumStages;
-    }
+    searched = child.used();
+    work_.absorb(child);
+    return progress;
   }
+
+  const Instance& inst_;
+  const std::uint64_t lower_bound_;
+  Work& work_;
+  std::uint64_t& height_;
+  std::vector<std::uint64_t>& offsets_;
+  std::string& method_;
+  const std::uint32_t n_;
+  const std::int32_t T_;
+  std::uint64_t rng_;
+  std::vector<std::uint64_t> top_;    // per tick: the plan's top (compute_top)
+  std::size_t leaves_ = 1;            // segment tree of compute_top
+  std::uint32_t log_leaves_ = 0;
+  std::vector<std::uint64_t> tags_;
+  std::vector<std::uint32_t> sum_;    // prefix counts over ticks (scratch)
+  std::vector<char> hot_, window_;    // per tick (choose_freed)
+  std::vector<std::int32_t> cuts_, runs_;
+  std::vector<std::uint32_t> chosen_;
+  std::vector<char> freed_;           // per free item: in this round's sub-problem
+  std::vector<std::uint64_t> cur_;    // the plan being repaired
+  std::vector<std::uint64_t> sub_offs_, offs_;
+};
+
+}  // namespace
+
+void repair_peaks(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed,
+                  Work& work, std::uint64_t& height, std::vector<std::uint64_t>& offsets,
+                  std::string& method) {
+  if (!repairable(inst, lower_bound, height)) return;
+  PeakRepair(inst, lower_bound, seed, work, height, offsets, method).run();
 }
 
 }  // namespace renaissance::planner::detail

@@ -399,8 +399,26 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
       points.clear();
     }
 
-    const Status status = points.empty() ? dfs(depth + 1, cur, c.off, c.rank, lo, hi)
-                                         : solve_parts(depth + 1, cur, points, lo, hi);
+    Status status = Status::kInfeasible;
+    if (points.empty()) {
+      status = dfs(depth + 1, cur, c.off, c.rank, lo, hi);
+    } else {
+      // Before the split, the section bounds over the whole of [lo, hi)
+      // with this placement's offset as the floor (every item left is
+      // placed at or above it in canonical order): each part alone starts
+      // again from floor 0 and would check its ticks only once it is
+      // reached, after the parts before it were solved (MiniMalloc checks
+      // the whole partition before it decomposes).
+      whole_.clear();
+      for (const Cand& o : cur) {
+        if (off_[o.item] == kUnplaced) whole_.push_back({min_off_[o.item], o.rank, o.item});
+      }
+      std::sort(whole_.begin(), whole_.end(), [](const Cand& a, const Cand& b) {
+        return a.off != b.off ? a.off < b.off : a.rank < b.rank;
+      });
+      charge(2 * whole_.size());
+      if (check(whole_, c.off, lo, hi)) status = solve_parts(depth + 1, cur, points, lo, hi);
+    }
 
     for (std::uint32_t k = inst_.piece_begin[c.item]; k < inst_.piece_begin[c.item + 1]; ++k) {
       const Piece& p = inst_.pieces[k];
@@ -544,8 +562,9 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     }
     return work.out() || height <= lb;
   };
-  // Three schedules share the budget, each run next by whichever has used
-  // least of it:
+  // Three schedules share the budget, the exact one half of it and the
+  // other two the rest, each run next by whichever has used least of its
+  // share:
   //  * exact: MiniMalloc's round robin at the lower bound: its three
   //    pre-orders, each part re-ordered as the search splits it, under a
   //    node limit doubling every round (n, 2n, 4n, ...), so that a hard
@@ -585,7 +604,10 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     bool found = false;
     const bool ladder_open = height > lb + 1 && next_target() > lb;
     const bool raise_open = raise && level_cap(1) != kUnplaced;
-    if ((!ladder_open || exact_used <= ladder_used) && (!raise_open || exact_used <= raise_used)) {
+    // The exact schedule gets half of the budget, the other two share the
+    // rest: a reachable bound is the one plan that can be proved optimal.
+    const std::uint64_t others = (ladder_open ? ladder_used : 0) + (raise_open ? raise_used : 0);
+    if ((!ladder_open && !raise_open) || exact_used <= others) {
       const bool stop = attempt(lb, fixed_orders[exact_k], &fixed_keys[exact_k],
                                 round_limit(exact_round), found);
       exact_used += work.used() - before;

@@ -17,7 +17,12 @@
 //     of buffers of size >= L must fit into the free ranges above the floor
 //     that are at least L long (see planner_obstacles.h);
 //   * hatless pruning: when a placed buffer constrains nothing unplaced, its
-//     siblings need not be tried.
+//     siblings need not be tried;
+//   * before a placement splits the time range into parts (solve_parts),
+//     the section bounds over the whole range with its offset as the floor
+//     (as MiniMalloc checks its partition before it decomposes): each part
+//     alone restarts from floor 0 and is reached only after the parts
+//     before it are solved.
 //
 // Invariants kept here:
 //   * A solution returned by solve() is valid and its height is at most the
@@ -130,6 +135,7 @@ class CanonicalSearch {
   std::vector<Change> trail_;
   std::vector<std::vector<Cand>> levels_;  // per depth: candidates
   std::vector<Cand> kept_, raised_;        // scratch for the merge
+  std::vector<Cand> whole_;                // scratch: the check before a split
   std::vector<std::vector<Cand>> parts_;   // per depth: items of one part
   std::vector<std::vector<std::uint32_t>> done_;  // per depth: solved parts
   std::vector<std::vector<std::int32_t>> points_;  // per depth: new cuts
@@ -146,7 +152,8 @@ class CanonicalSearch {
 };
 
 // search_small: two schedules over the canonical search share the budget
-// (whichever has used less runs next): MiniMalloc's round robin at the lower
+// (the exact one half of it, whichever has used less of its share runs
+// next): MiniMalloc's round robin at the lower
 // bound (its WAT, TAW, TWA pre-orders, each part re-ordered as the search
 // splits it, node limits n, 2n, 4n, ... without cap), and a ladder with
 // restarts (five fixed pre-orders and seeded perturbations of them, node

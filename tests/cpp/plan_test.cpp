@@ -35,7 +35,9 @@
 //     whenever the work count (not the clock) stopped them; Result's
 //     lower_bound / optimal / stopped_by agree with the plan;
 //   * the canonical search with parts re-ordered as it splits them
-//     (OrderKeys) is still exact on tiny instances.
+//     (OrderKeys) is still exact on tiny instances;
+//   * it finds MiniMalloc's instance E (../shared/data) at LOAD within
+//     700,000 nodes (regression: the section bounds before a split).
 //   With --timings only (wall time depends on the machine and its load):
 //   plan() returns within budget + 0.1 s on those steps with budget 0.25
 //   (regression: 13-63 s once; 2 x budget + 0.25 s was the old cap) and
@@ -865,6 +867,48 @@ void test_search_raise(int iterations) {
         raised, iterations);
 }
 
+// MiniMalloc's challenging instance E (../shared/data/traces/dsa, skipped
+// when absent) at its LOAD, 1,048,576 bytes: the canonical search with the
+// TWA pre-order (parts re-ordered as they split) finds a plan there within
+// 700,000 nodes (507k here). Regression: the section bounds were checked
+// only inside the first part of a split, so placements MiniMalloc prunes by
+// checking the whole partition before it splits were searched below; that
+// search gave up after 3,000,000 nodes. MiniMalloc finds E with TWA too.
+void test_search_checks_before_split() {
+  namespace d = renaissance::planner::detail;
+  std::FILE* f = std::fopen("../shared/data/traces/dsa/minimalloc_E.csv", "r");
+  if (f == nullptr) {
+    std::printf("plan_test: ../shared/data absent, MiniMalloc E skipped\n");
+    return;
+  }
+  Problem p;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    long long id = 0, lower = 0, upper = 0, size = 0;
+    if (std::sscanf(line, "%lld,%lld,%lld,%lld", &id, &lower, &upper, &size) != 4) continue;
+    p.buffers.push_back({static_cast<std::uint64_t>(size), lower, upper});
+  }
+  std::fclose(f);
+  CHECK(p.buffers.size() == 215, "MiniMalloc E: %zu buffers, not 215", p.buffers.size());
+  const d::Instance inst(p);
+  CHECK(inst.load == 1048576, "MiniMalloc E: LOAD %llu", static_cast<unsigned long long>(inst.load));
+  const d::ObstacleMap map(inst);
+  d::CanonicalSearch search(inst, map);
+  std::uint64_t rng = 0;
+  const d::OrderKeys keys = d::order_keys(inst, "TWA", 0.0, rng);
+  const std::vector<std::uint32_t> order = d::preorder(keys, d::pressures(inst));
+  d::Work work(std::numeric_limits<std::uint64_t>::max(), 600.0);
+  std::vector<std::uint64_t> offs = d::initial_offsets(inst);
+  const auto status = search.solve(inst.load, order, 700000, work, offs, &keys);
+  CHECK(status == d::CanonicalSearch::Status::kFound,
+        "MiniMalloc E at LOAD: status %d after %llu nodes", static_cast<int>(status),
+        static_cast<unsigned long long>(search.nodes()));
+  std::vector<std::uint64_t> full(p.buffers.size(), 0);
+  for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
+  CHECK(pl::validate(p, full).empty() && plan_size(p, full) == 1048576,
+        "MiniMalloc E: plan invalid or not at LOAD");
+}
+
 // With a wall-clock budget far below what building the instance took
 // (1 microsecond for 20,000 buffers), best fit by size cannot finish: plan()
 // goes straight to the sweep, stops by the clock, and the plan is valid.
@@ -960,6 +1004,7 @@ int main(int argc, char** argv) {
   test_random_plans(iterations);
   test_search_exact(iterations);
   test_search_raise(iterations);
+  test_search_checks_before_split();
   test_sweep_only_on_a_tiny_clock();
   test_bound_cases();
   test_obstacle_plans(iterations);
