@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy matplotlib transformers hypothesis
-SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
+SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.c' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
 .PHONY: venv build demo test test-cpp test-debug bench bench-lock check-cuda clean
