@@ -378,10 +378,10 @@ def check_pickle_structure_py(data: bytes) -> None:
     def not_set(name: str, idx: int) -> BadPickle:
         return BadPickle(f"{name} of memo index {idx}, which is not set")
 
-    pos = at = 0
+    pos = at = last = 0
     try:
         while True:
-            at = pos
+            last, at = at, pos  # the fast branches skip arguments unread: see the handler
             op = data[pos]
             # The opcodes of real snapshots, most frequent first (90% are BINGET/LONG_BINGET).
             if op == 0x68:  # BINGET
@@ -558,6 +558,8 @@ def check_pickle_structure_py(data: bytes) -> None:
     except BadPickle as exc:
         raise BadPickle(f"{exc} (opcode at byte {at})", refused=exc.refused) from None
     except (IndexError, _Truncated):  # an opcode or its argument runs past the end
+        if at > size:  # the previous opcode's argument ran past the end, found at the next one
+            at = last
         raise BadPickle(f"pickle data was truncated: {size} bytes (opcode at byte {at})") from None
     except MemoryError:
         raise BadPickle("MemoryError") from None
