@@ -29,7 +29,7 @@ import pickletools
 import stat
 from typing import Any, Dict, List
 
-from torch_renaissance.trace.common import PathLike
+from torch_renaissance.trace.common import EXPECTED_SNAPSHOT, PathLike, foreign_format
 
 try:  # the structure scan in C (csrc/pickle_scan/pickle_scan.c); Python when not built
     from torch_renaissance.trace import _pickle_scan as _scan
@@ -605,6 +605,9 @@ def safe_unpickle(path: PathLike) -> Any:
     source = os.fspath(path)
     with open_regular(path) as f:
         data = f.read()
+    foreign = foreign_format(data[:16], EXPECTED_SNAPSHOT)
+    if foreign:
+        raise ValueError(f"{source}: not a pickle: {foreign}")
     try:
         check_pickle_structure(data)
     except BadPickle as exc:

@@ -59,7 +59,8 @@ def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
             more than 200 levels deep, has a dict key or set element other than a string,
             bytes, ``None``, a bool or a 64-bit integer (keys that could make loading
             quadratic), has an address of ``2**64`` or more or a device index of ``2**31``
-            or more, is truncated or not a pickle, is not a snapshot dict,
+            or more, is truncated or not a pickle (a compressed file, a zip archive or JSON
+            is named as such: decompress a ``.pickle.gz`` first), is not a snapshot dict,
             or has a malformed or inconsistent event or segment (the message names the file
             and the index).
         ValueError: also when ``path`` is not a regular file (a directory, FIFO, device such
@@ -274,7 +275,10 @@ def from_snapshot(
     Raises:
         ValueError: the dict is not a snapshot, an event or segment lacks a field or has a
             non-integer or negative one, a size is ``2**63`` bytes or more, an address is
-            allocated twice or freed twice, a block that is active at dump time was freed by
+            allocated twice or freed twice, two buffers live at the same time share bytes
+            (``[addr, addr + size)`` overlap), an active segment block's ``requested_size``
+            (or its history's ``real_size``) exceeds its ``size`` (inactive blocks keep a
+            stale ``requested_size`` in real snapshots, and it is not read), a block that is active at dump time was freed by
             the trace, the segment events do not add up to the dump-time segments, or
             ``device`` is ambiguous or absent. The message names the source and the event
             (``device_traces[d][k]``) or segment index.
@@ -488,22 +492,22 @@ def _add_segment_blocks(h: _History, segments: List[Any], seg_devices: List[int]
 def _requested_size(b: Dict[str, Any], bsize: int, w: Where, bwhere: str) -> int:
     """A segment block's requested size: ``requested_size``, else its first history
     entry's ``real_size``, else the block size."""
-    requested, field = b.get("requested_size"), "requested_size"
+    requested, field = b.get("requested_size"), "'requested_size'"
     if requested is None and isinstance(b.get("history"), list) and b["history"]:
         first = b["history"][0]
         requested = first.get("real_size") if isinstance(first, dict) else None
         field = "history[0]['real_size']"
     if requested is None:
-        requested, field = bsize, "size"
+        requested, field = bsize, "'size'"
     if not is_int(requested) or not 0 <= requested < SIZE_LIMIT:
         raise w.error(
             bwhere,
-            f"{field!r} must be an integer in [0, 2**63), got {brief(requested)}",
+            f"{field} must be an integer in [0, 2**63), got {brief(requested)}",
         )
     if requested > bsize:
         raise w.error(
             bwhere,
-            f"{field!r} is {requested} bytes, more than the block's 'size' of {bsize} bytes: "
+            f"{field} is {requested} bytes, more than the block's 'size' of {bsize} bytes: "
             "an active block holds what was requested (PyTorch rounds requests up, never down)",
         )
     return requested
