@@ -245,26 +245,13 @@ static int walk(Scan *s, Py_ssize_t *at) {
         case 'N': case 0x88: case 0x89: /* NONE NEWTRUE NEWFALSE */
             r = vec_push(&s->objs, PRIMITIVE) < 0 ? -2 : 0;
             break;
-        case 'K': /* BININT1 */
-            if (avail < 1) return TRUNCATED;
-            pos += 1;
-            r = vec_push(&s->objs, PRIMITIVE) < 0 ? -2 : 0;
+        case 'K': case 'M': case 'J': case 'G': { /* BININT1 BININT2 BININT BINFLOAT */
+            const int width = op == 'K' ? 1 : op == 'M' ? 2 : op == 'J' ? 4 : 8;
+            if (avail < width) return TRUNCATED;
+            pos += width;
+            r = vec_push(&s->objs, op == 'G' ? UNSAFE_KEY : PRIMITIVE) < 0 ? -2 : 0;
             break;
-        case 'M': /* BININT2 */
-            if (avail < 2) return TRUNCATED;
-            pos += 2;
-            r = vec_push(&s->objs, PRIMITIVE) < 0 ? -2 : 0;
-            break;
-        case 'J': /* BININT */
-            if (avail < 4) return TRUNCATED;
-            pos += 4;
-            r = vec_push(&s->objs, PRIMITIVE) < 0 ? -2 : 0;
-            break;
-        case 'G': /* BINFLOAT */
-            if (avail < 8) return TRUNCATED;
-            pos += 8;
-            r = vec_push(&s->objs, UNSAFE_KEY) < 0 ? -2 : 0;
-            break;
+        }
         /* data after a length */
         case 0x8c: case 'U': case 'C': case 0x8a: /* SHORT_BINUNICODE SHORT_BINSTRING
                                                       SHORT_BINBYTES LONG1 */
