@@ -122,6 +122,7 @@ bench: build $(VENV)/.bench-deps
 	$(PY) benchmarks/bench_model_slots.py
 	$(PY) benchmarks/bench_plan_lock.py
 	$(PY) benchmarks/bench_territory.py
+	$(PY) benchmarks/bench_snapshot_load.py
 	$(PY) benchmarks/bench_fsdp_memory.py
 
 # Compiles and links the CUDA backend against /usr/local/cuda and checks the

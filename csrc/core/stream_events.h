@@ -33,8 +33,8 @@
 namespace renaissance {
 
 // Which side of the arena a pending block is on: the dynamic pool or the planned
-// territory. (Named PoolSide, not Region: in docs/design.md's words a region is an
-// address range, and release_region() below takes one as its `inside` predicate.)
+// territory. (Named PoolSide, not Region: in docs/design.md's words a region is a
+// named part of a memory plan.)
 enum class PoolSide : std::uint32_t { kDynamic = 0, kPlanned = 1 };
 
 struct GroupKey {
