@@ -342,8 +342,9 @@ static int walk(Scan *s, Py_ssize_t *at) {
             Py_ssize_t k = (Py_ssize_t)s->marks.v[--s->marks.n];
             if ((op == 'd' || op == 0x91) && check_keys(s, k, op == 'd' ? 2 : 1, name) < 0) return -1;
             int d = take(s, k);
-            r = new_container(s, d > 1 ? d : 1); /* may grow the stack: MARK TUPLE is +1 */
-            break;
+            r = new_container(s, d > 1 ? d : 1);
+            if (r) return r;
+            continue;
         }
         case 'a': case 's': { /* APPEND SETITEM */
             const char *name = op == 'a' ? "APPEND" : "SETITEM";
