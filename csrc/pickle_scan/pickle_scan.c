@@ -396,6 +396,8 @@ static int walk(Scan *s, Py_ssize_t *at) {
             return 0; /* SafeUnpickler refuses this opcode before building anything after it */
         case 'R': case 'b': case 'o': case 0x81: case 0x92: case 0x82: case 0x83: case 0x84:
         case 0x97: case 0x98: {
+            /* EXT1/2/4 read their argument first (as the Python scan does): truncated first */
+            if (avail < (op == 0x82 ? 1 : op == 0x83 ? 2 : op == 0x84 ? 4 : 0)) return TRUNCATED;
             const char *name = op == 'R' ? "REDUCE" : op == 'b' ? "BUILD" : op == 'o' ? "OBJ"
                              : op == 0x81 ? "NEWOBJ" : op == 0x92 ? "NEWOBJ_EX" : op == 0x82 ? "EXT1"
                              : op == 0x83 ? "EXT2" : op == 0x84 ? "EXT4" : op == 0x97 ? "NEXT_BUFFER"
