@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy matplotlib transformers hypothesis
-SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
+SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.c' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
 .PHONY: venv build demo test test-cpp test-debug bench bench-lock check-cuda clean
@@ -122,6 +122,7 @@ bench: build $(VENV)/.bench-deps
 	$(PY) benchmarks/bench_model_slots.py
 	$(PY) benchmarks/bench_plan_lock.py
 	$(PY) benchmarks/bench_territory.py
+	$(PY) benchmarks/bench_snapshot_load.py
 	$(PY) benchmarks/bench_fsdp_memory.py
 
 # Compiles and links the CUDA backend against /usr/local/cuda and checks the

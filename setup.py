@@ -87,7 +87,20 @@ def _extension():
     )
 
 
+def _pickle_scan_extension():
+    """The safe unpickler's structure scan in C (CPython API only, no torch):
+    ``torch_renaissance.trace._pickle_scan``; the package falls back to the same scan in
+    Python when it is missing."""
+    from setuptools import Extension
+
+    return Extension(
+        "torch_renaissance.trace._pickle_scan",
+        ["csrc/pickle_scan/pickle_scan.c"],
+        extra_compile_args=["-O2", "-Wall", "-Wextra"],  # C, and valid C++ (torch's build_ext may compile it as C++)
+    )
+
+
 setup(
-    ext_modules=[_extension()],
+    ext_modules=[_extension(), _pickle_scan_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

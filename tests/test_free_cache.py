@@ -1,11 +1,12 @@
-"""The arena's free cache (issue 14 item 2): freed blocks kept per (stream,
+"""The arena's free cache: freed blocks kept per (stream,
 size, pool) for O(1) reuse, in front of the best-fit index.
 
 What must hold whatever the cache does (csrc/core/arena.h, "Free cache"):
 no block is handed out twice, stats equal a reference model kept by the test
 at every step (the cache's blocks are accounted as freed), check_invariants()
 holds with the cache full and after a flush, blocks with stream uses never
-enter it, it never serves another stream, and the fit guarantee of issue 11
+enter it, it never serves another stream, and the fit guarantee (docs/design.md:
+a request succeeds whenever it fits in the limit minus what live blocks hold)
 holds with the cache filled by other threads (test_pressure.py runs the
 hypothesis property with the cache too).
 """

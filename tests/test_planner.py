@@ -1,6 +1,6 @@
 """The planner through the bindings: validity on random and shared instances
 (checked by an independent reference in this file), LOAD, errors, determinism,
-and `torch-renaissance plan` (issue 3)."""
+and the `torch-renaissance plan` command."""
 from __future__ import annotations
 
 import json

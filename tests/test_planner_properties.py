@@ -1,4 +1,4 @@
-"""Property tests of the offline planner (issue 12), against references in this file.
+"""Property tests of the offline planner (validity, LOAD bound, budget), against references in this file.
 
 For drawn instances (hypothesis): the plan is valid (no two buffers live at
 once overlap in memory; checked here, not by the planner's own validate()),

@@ -134,11 +134,12 @@ def _step_35901(a, cap, n=200, size=16 * MiB):
     a.deallocate(y)
 
 
-def test_recorded_steps_peak_near_the_planned_steady_state(C):
-    # The #35901 scenario as 6 steps with C = 8 GiB: steps 0 and 1 are served
-    # by the dynamic pool (recorded), steps 2.. replay the plan.
+def _six_steps_35901(C, **arena_kwargs):
+    """The #35901 scenario as 6 steps with C = 8 GiB: steps 1 and 2 are served by the
+    dynamic pool (recorded), steps 3.. replay the plan. Returns the arena, each step's
+    peak and the step's LOAD (what is live at the second big allocation)."""
     cap = 8 * GiB
-    a = C.Arena(C.HostDevice(), max_reserved_bytes=cap)
+    a = C.Arena(C.HostDevice(), max_reserved_bytes=cap, **arena_kwargs)
     peaks = []
     for _ in range(6):
         a.reset_peak_stats()
@@ -148,7 +149,11 @@ def test_recorded_steps_peak_near_the_planned_steady_state(C):
         peaks.append(peak(a))
     r = a.stats()["renaissance"]
     assert r["planned_steps"] >= 3 and r["planned_hits"] > 0
-    load = int(0.4 * cap) + 100 * 16 * MiB   # live at the second big allocation
+    return a, peaks, int(0.4 * cap) + 100 * 16 * MiB
+
+
+def test_recorded_steps_peak_near_the_planned_steady_state(C):
+    a, peaks, load = _six_steps_35901(C)
     steady = max(peaks[3:])
     assert steady <= 1.01 * load
     assert max(peaks[:2]) <= 1.10 * steady, (peaks, steady)
@@ -156,24 +161,13 @@ def test_recorded_steps_peak_near_the_planned_steady_state(C):
 
 
 def test_recorded_steps_peak_near_the_planned_steady_state_fixed_segments(C):
-    # The same with expandable_segments=False. Step 0's 16 MiB requests used
+    # The same with expandable_segments=False. Step 1's 16 MiB requests used
     # to split the cached 0.4 C segment (PyTorch's best fit does too): the
     # second 0.4 C then needed a segment of its own, 6,554 MiB against a
     # steady state of 4,877 (1.34x). Under a limit the large cached segment is
     # not split for a small request and is given back before a growth raises
     # the peak, so the recorded steps hold what the planned ones do.
-    cap = 8 * GiB
-    a = C.Arena(C.HostDevice(), expandable_segments=False, max_reserved_bytes=cap)
-    peaks = []
-    for _ in range(6):
-        a.reset_peak_stats()
-        a.begin_step()
-        _step_35901(a, cap)
-        a.end_step()
-        peaks.append(peak(a))
-    r = a.stats()["renaissance"]
-    assert r["planned_steps"] >= 3 and r["planned_hits"] > 0
-    load = int(0.4 * cap) + 100 * 16 * MiB
+    a, peaks, load = _six_steps_35901(C, expandable_segments=False)
     steady = max(peaks[3:])
     assert steady <= 1.01 * load + 2 * MiB, (peaks, load)   # the territory is 2 MiB-rounded
     assert max(peaks[:2]) <= 1.10 * steady, (peaks, steady)
@@ -243,7 +237,7 @@ def _varlen_fixed(C, planning, steps=30):
 
 
 def test_outgrown_territory_goes_back_with_fixed_segments(C):
-    # Issue 11 item 5: with fixed segments every step of this loop outgrows
+    # Outgrown territory with fixed segments: every step of this loop outgrows
     # its layout and re-plans. The territory used to be a segment of at least
     # min_large_alloc (10 MiB for plans of 1.3-7 MiB), and the one a step
     # outgrew stayed beside the next (worst step 2.95x peak allocated; 1.35x
@@ -544,7 +538,7 @@ def test_fit_guarantee_fixed_segments(C, ops, limit_mib):
 def test_fit_guarantee_with_caches_filled_on_other_threads(C, ops, limit_mib, fill, expandable):
     """The same guarantees with the arena's free cache first filled by four other threads
     (blocks up to 1 MiB, allocated and freed there, still reserved): the out-of-memory ladder
-    flushes the cache before it gives memory back (issue 14)."""
+    flushes the cache before it gives memory back (the free cache's part of the ladder)."""
     _run_fit(C, ops, expandable, limit_mib * MiB, fill)
 
 

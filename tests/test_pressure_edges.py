@@ -1,4 +1,4 @@
-"""Issue 11's leftovers found by a tester: the obstacle accounting of
+"""Memory-pressure edge cases found by a tester: the obstacle accounting of
 ``plan_over_step_load_and_obstacles`` and two bad-input holes of the
 Python-facing ``_C.Arena`` (step nesting, unknown SimDevice streams)."""
 from __future__ import annotations

@@ -313,7 +313,7 @@ void Arena::deallocate(void* ptr) {
   if (!b->uses.empty()) {
     b->state = BlockState::kPending;
     stats_.pending_bytes.increase(static_cast<std::int64_t>(b->size));
-    pending_.add(b, b->planned ? Region::kPlanned : Region::kDynamic);
+    pending_.add(b, b->planned ? PoolSide::kPlanned : PoolSide::kDynamic);
     return;
   }
   if (cache_block_locked(b)) return;
@@ -1646,7 +1646,7 @@ void Arena::adopt_territory_pending_locked() {
   auto inside = [this](const Block* b) {
     return is_territory_locked(b->segment) && b->segment->in_territory(b);
   };
-  for (Region region : {Region::kPlanned, Region::kDynamic}) {
+  for (PoolSide region : {PoolSide::kPlanned, PoolSide::kDynamic}) {
     std::vector<std::pair<StreamId, EventId>> events;
     auto blocks = pending_.release_region(region, inside, events);
     for (auto& [stream, event] : events) epoch_.push_back(EpochEvent{stream, event, {}});
@@ -1659,7 +1659,7 @@ bool Arena::reclaim_pending_locked(StreamId stream) {
   const std::int64_t before = stats_.pending_bytes.current;
   boundary_locked();
   if (config_.stream_policy == StreamPolicy::kWait) {
-    release_blocks_locked(pending_.release_by_waiting(Region::kDynamic, stream));
+    release_blocks_locked(pending_.release_by_waiting(PoolSide::kDynamic, stream));
   }
   return stats_.pending_bytes.current < before;
 }

@@ -24,9 +24,9 @@ EventId EventPool::get() {
   return device_.create_event();
 }
 
-void PendingGroups::add(Block* block, Region region) {
+void PendingGroups::add(Block* block, PoolSide side) {
   for (StreamId use : block->uses) {
-    auto& v = open_[GroupKey{region, block->stream, use}];
+    auto& v = open_[GroupKey{side, block->stream, use}];
     v.push_back(block);
     ++block->pending_on;
   }
@@ -73,10 +73,10 @@ std::vector<Block*> PendingGroups::release_completed(std::int64_t& queries) {
   return out;
 }
 
-std::vector<Block*> PendingGroups::release_by_waiting(Region region, StreamId stream) {
+std::vector<Block*> PendingGroups::release_by_waiting(PoolSide side, StreamId stream) {
   std::vector<Block*> out;
   for (auto it = sealed_.begin(); it != sealed_.end();) {
-    if (it->first.region != region || it->first.owner != stream) {
+    if (it->first.side != side || it->first.owner != stream) {
       ++it;
       continue;
     }
@@ -91,12 +91,12 @@ std::vector<Block*> PendingGroups::release_by_waiting(Region region, StreamId st
 }
 
 std::vector<Block*> PendingGroups::release_region(
-    Region region, const std::function<bool(const Block*)>& inside,
+    PoolSide side, const std::function<bool(const Block*)>& inside,
     std::vector<std::pair<StreamId, EventId>>& events) {
   std::vector<Block*> out;
   for (auto it = sealed_.begin(); it != sealed_.end();) {
     auto& q = it->second;
-    if (it->first.region == region) {
+    if (it->first.side == side) {
       for (auto g = q.begin(); g != q.end();) {
         if (std::all_of(g->blocks.begin(), g->blocks.end(), inside)) {
           events.emplace_back(it->first.use, g->event);

@@ -1,7 +1,7 @@
-// stream_events.h - stream uses resolved with region-level events.
+// stream_events.h - stream uses resolved with group-level events.
 //
 // A block freed while other streams may still use it is *pending*. Pending
-// blocks are grouped by (region, owner stream, use stream). A group is open
+// blocks are grouped by (pool side, owner stream, use stream). A group is open
 // until the next boundary (a step boundary, a stream-manager sync point, or
 // an allocation that finds no free block); then ONE event is recorded on the
 // use stream for the whole group and the group is sealed. A sealed group's
@@ -32,14 +32,17 @@
 
 namespace renaissance {
 
-enum class Region : std::uint32_t { kDynamic = 0, kPlanned = 1 };
+// Which side of the arena a pending block is on: the dynamic pool or the planned
+// territory. (Named PoolSide, not Region: in docs/design.md's words a region is a
+// named part of a memory plan.)
+enum class PoolSide : std::uint32_t { kDynamic = 0, kPlanned = 1 };
 
 struct GroupKey {
-  Region region;
+  PoolSide side;
   StreamId owner;  // the allocating stream of the blocks
   StreamId use;    // the stream the event is recorded on
   bool operator<(const GroupKey& o) const {
-    return std::tie(region, owner, use) < std::tie(o.region, o.owner, o.use);
+    return std::tie(side, owner, use) < std::tie(o.side, o.owner, o.use);
   }
 };
 
@@ -68,7 +71,7 @@ class PendingGroups {
   PendingGroups(Device& device, EventPool& events) : device_(device), events_(events) {}
 
   // Adds a freed block with stream uses to the open group of each use.
-  void add(Block* block, Region region);
+  void add(Block* block, PoolSide side);
   bool empty() const { return open_.empty() && sealed_.empty(); }
 
   // Boundary: records one event per open group. Returns events recorded.
@@ -76,13 +79,13 @@ class PendingGroups {
   // Releases the groups whose events are complete; returns blocks that are no
   // longer pending on anything. `queries` counts event queries.
   std::vector<Block*> release_completed(std::int64_t& queries);
-  // Makes `stream` wait on every sealed group of owner `stream` in `region`
+  // Makes `stream` wait on every sealed group of owner `stream` on `side`
   // and releases them (no host synchronization).
-  std::vector<Block*> release_by_waiting(Region region, StreamId stream);
-  // Releases every sealed group of `region` whose blocks all satisfy
+  std::vector<Block*> release_by_waiting(PoolSide side, StreamId stream);
+  // Releases every sealed group on `side` whose blocks all satisfy
   // `inside` and hands their events to the caller (who must make later users
   // of the memory wait on them, then return them to the pool).
-  std::vector<Block*> release_region(Region region, const std::function<bool(const Block*)>& inside,
+  std::vector<Block*> release_region(PoolSide side, const std::function<bool(const Block*)>& inside,
                                      std::vector<std::pair<StreamId, EventId>>& events);
   // Host-synchronizes every sealed group and releases it.
   std::vector<Block*> synchronize_all();
@@ -99,7 +102,7 @@ class PendingGroups {
   EventPool& events_;
   std::map<GroupKey, std::vector<Block*>> open_;
   std::map<GroupKey, std::deque<SealedGroup>> sealed_;
-  GroupKey cursor_{Region::kDynamic, 0, 0};  // where poll() goes on
+  GroupKey cursor_{PoolSide::kDynamic, 0, 0};  // where poll() goes on
 };
 
 }  // namespace renaissance

@@ -31,7 +31,11 @@ Invariants kept by the package:
   one allocated at ``t`` are never live together. Sizes are requested bytes, also for the
   blocks a snapshot knows only from its ``segments`` (see :func:`from_snapshot`).
 * Only the standard library is imported at module level (matplotlib is imported by
-  :func:`plot_plan` when called); nothing from the rest of the package or from ``_C``.
+  :func:`plot_plan` when called), and the package's own C structure scan
+  ``trace._pickle_scan`` when it is built (CPython's C API only; the same scan runs in
+  Python without it); nothing from the rest of the package or from ``_C``.
+* Two buffers live at the same time never share bytes, and a buffer known from a
+  snapshot's segments is never larger than its block.
 
 ``torch_renaissance/trace.py`` was this package's single module; every name it had is
 importable from here as before.

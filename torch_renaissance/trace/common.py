@@ -7,7 +7,7 @@ import operator
 import os
 import re
 import reprlib
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -69,3 +69,36 @@ def to_int(value: Any, what: str) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{what} must be an integer, got {type(value).__name__}") from None
+
+
+#: What the trace loaders expect, for the messages of :func:`foreign_format`.
+EXPECTED_SNAPSHOT = ("expected a PyTorch memory snapshot: the pickle that "
+                     "torch.cuda.memory._dump_snapshot writes")
+EXPECTED_CSV = "expected a CSV trace: a header id,lower,upper,size (optional) and rows of integers"
+# Magic numbers of compressed files and archives (RFC 1952, bzip2, xz, RFC 8878, zip); none
+# can start a valid snapshot pickle (whose first opcode is PROTO 0x80, or MARK / EMPTY_DICT
+# followed by another opcode in protocols 0-1) or a CSV trace.
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip-compressed; decompress it first (gunzip FILE)"),
+    (b"BZh", "bzip2-compressed; decompress it first (bunzip2 FILE)"),
+    (b"\xfd7zXZ\x00", "xz-compressed; decompress it first (unxz FILE)"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed; decompress it first (unzstd FILE)"),
+    (b"PK\x03\x04", "a zip archive; extract the trace from it first"),
+)
+
+
+def foreign_format(head: bytes, expected: str) -> Optional[str]:
+    """What a file that starts with ``head`` is, when it is a format no trace loader reads
+    (compressed, an archive, JSON), as the end of an error message; None otherwise.
+
+    Args:
+        head (bytes): the file's first bytes (16 are enough).
+        expected (str): what the loader expected (:data:`EXPECTED_SNAPSHOT`,
+            :data:`EXPECTED_CSV`), named in the JSON message.
+    """
+    for magic, what in _COMPRESSED:
+        if head.startswith(magic):
+            return f"the file is {what}"
+    if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):  # neither is a pickle opcode
+        return f"the file is JSON text; {expected}"
+    return None

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
-from torch_renaissance.trace.common import CSV_COLUMNS, INT_RE, PathLike, SIZE_LIMIT, TIME_LIMIT
+from torch_renaissance.trace.common import (
+    CSV_COLUMNS, EXPECTED_CSV, INT_RE, PathLike, SIZE_LIMIT, TIME_LIMIT, foreign_format,
+)
 from torch_renaissance.trace.entries import Trace, TraceEntry
 from torch_renaissance.trace.safe_pickle import open_regular
 
@@ -67,6 +69,8 @@ def load_csv(path: PathLike) -> Trace:
         ValueError: the file is empty or has no rows, a header lacks a column, a row has the
             wrong number of fields, a non-integer, a value out of the bounds above, an
             ``upper <= lower`` or a repeated id. The message is ``file:line: ...``.
+        ValueError: the file is compressed (gzip, bzip2, xz, zstd), a zip archive or JSON
+            (the message says which), or not UTF-8.
         ValueError: also when ``path`` is not a regular file (a directory, FIFO, device such
             as ``/dev/zero``, or socket), refused before reading anything.
         OSError: the file cannot be read.
@@ -74,6 +78,9 @@ def load_csv(path: PathLike) -> Trace:
     source = os.fspath(path)
     with open_regular(path) as f:
         raw = f.read()
+    foreign = foreign_format(raw[:16], EXPECTED_CSV)
+    if foreign:
+        raise ValueError(f"{source}: not a CSV trace: {foreign}")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torch_renaissance.trace.common import PathLike
+from torch_renaissance.trace.common import EXPECTED_CSV, EXPECTED_SNAPSHOT, PathLike, foreign_format
 from torch_renaissance.trace.csv_format import load_csv
 from torch_renaissance.trace.entries import Trace
 from torch_renaissance.trace.safe_pickle import open_regular
@@ -27,6 +27,8 @@ def load_trace(path: PathLike, **kwargs: Any) -> Trace:
 
     Raises:
         ValueError: as the chosen loader.
+        ValueError: the file has neither extension and is compressed (gzip, bzip2, xz,
+            zstd), a zip archive or JSON: the message says which.
         ValueError: also when ``path`` is not a regular file (a directory, FIFO, device such
             as ``/dev/zero``, or socket), refused before reading anything.
         OSError: the file cannot be read.
@@ -37,7 +39,10 @@ def load_trace(path: PathLike, **kwargs: Any) -> Trace:
     if suffix in (".pickle", ".pkl"):
         return load_snapshot(path, **kwargs)
     with open_regular(path) as f:
-        head = f.read(1)
-    if head == b"\x80":
+        head = f.read(16)
+    foreign = foreign_format(head, f"{EXPECTED_SNAPSHOT}, or {EXPECTED_CSV[len('expected '):]}")
+    if foreign:
+        raise ValueError(f"{os.fspath(path)}: not a trace: {foreign}")
+    if head[:1] == b"\x80":
         return load_snapshot(path, **kwargs)
     return load_csv(path)

@@ -9,6 +9,7 @@ Sizes are requested bytes, also for the blocks a snapshot knows only from its
 ``segments`` (see :func:`from_snapshot`)."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import warnings
@@ -58,7 +59,8 @@ def load_snapshot(path: PathLike, *, device: Optional[int] = None) -> Trace:
             more than 200 levels deep, has a dict key or set element other than a string,
             bytes, ``None``, a bool or a 64-bit integer (keys that could make loading
             quadratic), has an address of ``2**64`` or more or a device index of ``2**31``
-            or more, is truncated or not a pickle, is not a snapshot dict,
+            or more, is truncated or not a pickle (a compressed file, a zip archive or JSON
+            is named as such: decompress a ``.pickle.gz`` first), is not a snapshot dict,
             or has a malformed or inconsistent event or segment (the message names the file
             and the index).
         ValueError: also when ``path`` is not a regular file (a directory, FIFO, device such
@@ -273,7 +275,10 @@ def from_snapshot(
     Raises:
         ValueError: the dict is not a snapshot, an event or segment lacks a field or has a
             non-integer or negative one, a size is ``2**63`` bytes or more, an address is
-            allocated twice or freed twice, a block that is active at dump time was freed by
+            allocated twice or freed twice, two buffers live at the same time share bytes
+            (``[addr, addr + size)`` overlap), an active segment block's ``requested_size``
+            (or its history's ``real_size``) exceeds its ``size`` (inactive blocks keep a
+            stale ``requested_size`` in real snapshots, and it is not read), a block that is active at dump time was freed by
             the trace, the segment events do not add up to the dump-time segments, or
             ``device`` is ambiguous or absent. The message names the source and the event
             (``device_traces[d][k]``) or segment index.
@@ -289,6 +294,7 @@ def from_snapshot(
     h = _walk_events(events, device, free_action, w)
     reserved_at_dump = _add_segment_blocks(h, segments, seg_devices, device,
                                            free_action == "free_completed", w)
+    _check_no_overlap(h, device, w)
     h.records.sort(key=lambda r: (r[0], r[1], r[2]))
     entries = [
         TraceEntry(i, r[3], r[4], r[0], r[5], (), r[6]) for i, r in enumerate(h.records)
@@ -320,6 +326,7 @@ class _History:
     seg_max: int = 0  # highest running net
     seg_min: int = 0  # lowest running net
     has_segment_events: bool = False
+    block_where: List[str] = dataclasses.field(default_factory=list)  # per segment block record
 
 
 def _segment_devices(segments: List[Any], w: Where) -> List[int]:
@@ -477,6 +484,7 @@ def _add_segment_blocks(h: _History, segments: List[Any], seg_devices: List[int]
                 )
             h.records.append((0, 0, order, _requested_size(b, bsize, w, bwhere), seg_stream,
                               None, baddr))
+            h.block_where.append(bwhere)
             order += 1
     return reserved_at_dump
 
@@ -484,18 +492,76 @@ def _add_segment_blocks(h: _History, segments: List[Any], seg_devices: List[int]
 def _requested_size(b: Dict[str, Any], bsize: int, w: Where, bwhere: str) -> int:
     """A segment block's requested size: ``requested_size``, else its first history
     entry's ``real_size``, else the block size."""
-    requested = b.get("requested_size")
+    requested, field = b.get("requested_size"), "'requested_size'"
     if requested is None and isinstance(b.get("history"), list) and b["history"]:
         first = b["history"][0]
         requested = first.get("real_size") if isinstance(first, dict) else None
+        field = "history[0]['real_size']"
     if requested is None:
-        requested = bsize
+        requested, field = bsize, "'size'"
     if not is_int(requested) or not 0 <= requested < SIZE_LIMIT:
         raise w.error(
             bwhere,
-            f"'requested_size' must be an integer in [0, 2**63), got {brief(requested)}",
+            f"{field} must be an integer in [0, 2**63), got {brief(requested)}",
+        )
+    if requested > bsize:
+        raise w.error(
+            bwhere,
+            f"{field} is {requested} bytes, more than the block's 'size' of {bsize} bytes: "
+            "an active block holds what was requested (PyTorch rounds requests up, never down)",
         )
     return requested
+
+
+def _record_where(h: _History, record: _Record, device: int) -> str:
+    """Names the event or segment block a buffer of the trace being built comes from."""
+    group, order = record[1], record[2]
+    if group == 0:
+        return h.block_where[order]
+    if group == 1:
+        return f"device_traces[{device}][{order}] (a free of a block allocated before the window)"
+    return f"device_traces[{device}][{order}]"
+
+
+def _check_no_overlap(h: _History, device: int, w: Where) -> None:
+    """Refuses two buffers live at the same time whose address ranges ``[addr, addr + size)``
+    overlap (lifetimes half-open, as LOAD counts them). PyTorch never hands out one byte
+    twice: the caching allocator's blocks of live tensors are disjoint, and events and
+    segment blocks record requested sizes, which are at most the block sizes."""
+
+    changes = []  # (time, 0 = free / 1 = alloc, record index): frees first at a tick
+    for i, r in enumerate(h.records):
+        if r[3] == 0:
+            continue  # an empty buffer holds no byte
+        changes.append((r[0], 1, i))
+        if r[5] is not None:
+            changes.append((r[5], 0, i))
+    changes.sort()
+    starts: List[int] = []  # the live buffers' addresses, sorted
+    live: Dict[int, int] = {}  # address -> record index
+    for time, kind, i in changes:
+        addr, size = h.records[i][6], h.records[i][3]
+        if kind == 0:
+            if live.get(addr) == i:
+                del live[addr]
+                del starts[bisect.bisect_left(starts, addr)]
+            continue
+        at = bisect.bisect_left(starts, addr)
+        other = None
+        if at < len(starts) and starts[at] < addr + size:
+            other = live[starts[at]]
+        elif at > 0 and starts[at - 1] + h.records[live[starts[at - 1]]][3] > addr:
+            other = live[starts[at - 1]]
+        if other is not None:
+            o = h.records[other]
+            raise w.error(
+                _record_where(h, h.records[i], device),
+                f"the buffer [{addr:#x}, {addr + size:#x}) overlaps the live buffer "
+                f"[{o[6]:#x}, {o[6] + o[3]:#x}) of {_record_where(h, o, device)} at time {time}: "
+                "two live blocks cannot share bytes",
+            )
+        starts.insert(at, addr)
+        live[addr] = i
 
 
 def _reserved_peak(h: _History, reserved_at_dump: int, device: int, w: Where) -> Optional[int]:
