@@ -405,6 +405,7 @@ std::vector<SegmentInfo> Arena::snapshot() const {
     si.stream = seg->stream;
     si.is_large = seg->pool == PoolKind::kLarge;
     si.expandable = seg->expandable;
+    si.persistent = seg->persistent;
     for (const Block* b = seg->head; b; b = b->next) {
       BlockInfo bi;
       bi.address = reinterpret_cast<std::uintptr_t>(b->ptr);
