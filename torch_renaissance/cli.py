@@ -86,6 +86,11 @@ def _print_script_error(e: BaseException, script: Optional[str]) -> None:
     traceback.print_exception(type(e), e, tb or e.__traceback__)
 
 
+# The steady state starts after this many replayed steps (as the demo: the
+# recorded steps and the first replay behind).
+STEADY_AFTER = 1
+
+
 class _Recorder:
     """What ``run`` keeps at each step boundary: the steady-state reset and the timeline.
 
@@ -118,7 +123,7 @@ class _Recorder:
             if a is None or d in self.earlier:
                 continue
             s = tr.memory_stats(d)
-            if s["renaissance.planned_steps"] >= 1:
+            if s["renaissance.planned_steps"] >= STEADY_AFTER:
                 self.earlier[d] = (s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"])
                 tr.reset_peak_memory_stats(d)
                 if self.replayed_at is None:

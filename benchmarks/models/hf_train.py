@@ -86,7 +86,9 @@ def build(arch: str, size: str, vocab: int) -> nn.Module:
     raise ValueError(f"unknown arch {arch!r}; one of {', '.join(ARCHS)}")
 
 
-def main() -> None:
+def train(argv: list = None) -> list:
+    """Runs the loop with command-line arguments ``argv``; returns the losses
+    (float.hex strings) or the generated tokens."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", choices=ARCHS, default="gpt2")
     p.add_argument("--size", choices=("tiny", "small"), default="small",
@@ -103,8 +105,12 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=4, help="--generate: passes over the prompt lengths")
     p.add_argument("--losses", metavar="PATH", help="write the losses (or generated tokens) as JSON")
-    a = p.parse_args()
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch.set_num_threads (0: leave as is); 1 makes losses independent of machine load")
+    a = p.parse_args(argv)
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = build(a.arch, a.size, a.vocab)
     gen = torch.Generator().manual_seed(1)
@@ -149,8 +155,8 @@ def main() -> None:
     if a.losses:
         with open(a.losses, "w") as f:
             json.dump(results, f)
-    print("done", results[-1])
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    print("done", train()[-1])

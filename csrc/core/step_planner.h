@@ -208,9 +208,6 @@ struct StepPlanJob {
     std::int64_t until = 0;
   };
   static constexpr std::uint64_t kNotPinned = ~std::uint64_t(0);
-  // Pins are kept while the pinned plan is at most this much larger than
-  // the plan without them.
-  static constexpr double kPinSlack = 1.01;
   // Above this many slots, the phases are not aligned (O(n^2) checks).
   static constexpr std::size_t kAlignMax = 8192;
 
