@@ -119,7 +119,7 @@ class _Recorder:
         now = time.perf_counter() - self.t0
         self.boundaries.append(now)
         for d in self.devices:
-            a = tr.allocator.active_arena(d)
+            a = tr.installer.active_arena(d)
             if a is None or d in self.earlier:
                 continue
             s = tr.memory_stats(d)
@@ -140,9 +140,9 @@ class _Recorder:
         import torch_renaissance as tr
 
         d = self.devices[0]
-        if tr.allocator.active_arena(d) is None:
+        if tr.installer.active_arena(d) is None:
             return
-        a = tr.allocator.get_arena(d)
+        a = tr.installer.get_arena(d)
         st = a.stats()
         self.samples.append((time.perf_counter() - self.t0, st["allocated_bytes"]["all"]["current"],
                              st["reserved_bytes"]["all"]["current"]))

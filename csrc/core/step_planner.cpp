@@ -589,17 +589,25 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   std::vector<StepPlanJob::PinCandidate> pins;
   if (seg) {
     for (Block* b = seg->head; b; b = b->next) {
-      if (phases == 2 && wraps_next_step(b)) {
-        // Alternating: the first replay is phase 0, while this step's
-        // live-outs stand where the dynamic pool put them (phase 1's
-        // instances). One whose lifetime spans two steps may be pinned
-        // there (run() decides: only where it is in phase 0's way).
+      if (wraps_next_step(b)) {
+        // The first replay runs while this step's live-outs still stand
+        // where the dynamic pool put them, until they die at `until` of the
+        // next step (the instance of the phase the first replay does not
+        // use: phase 1 of an alternating layout, the one slot otherwise).
+        // A live-out may be pinned there (run() decides: only where a
+        // buffer is planned in its way before it dies); one smaller than
+        // its slot (sizes merged over variants) cannot be pinned and is an
+        // obstacle until it dies.
         const Slot& sl = slots[static_cast<std::size_t>(b->seq)];
-        if (sl.upper - sl.lower > horizon && b->size >= sl.size) {
+        const std::uint64_t at = static_cast<std::uint64_t>(b->ptr - seg->base);
+        const std::int64_t until = sl.upper - horizon;
+        if (until <= 0) continue;  // dies in its own step: no live-out
+        if (b->size >= sl.size) {
           const auto k = static_cast<std::size_t>(
               std::lower_bound(index.begin(), index.end(), static_cast<std::size_t>(b->seq)) - index.begin());
-          pins.push_back(StepPlanJob::PinCandidate{k, static_cast<std::uint64_t>(b->ptr - seg->base),
-                                                   b->size, sl.upper - horizon});
+          pins.push_back(StepPlanJob::PinCandidate{k, at, b->size, until});
+        } else {
+          problem.fixed.push_back(planner::FixedBuffer{static_cast<std::size_t>(at), b->size, 0, until});
         }
         continue;
       }
@@ -653,21 +661,32 @@ planner::Result plan_pinning(const planner::Problem& problem,
   pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
   planner::Result r = planner::plan(problem, options);
   const std::int64_t period = problem.period;
-  bool any = false;
-  for (const StepPlanJob::PinCandidate& c : candidates) {
-    const std::size_t own = buffer_of[c.k];
-    bool hit = false;
-    for (std::size_t j = 0; !hit && j < problem.buffers.size(); ++j) {
-      if (j == own) continue;
-      const planner::Buffer& o = problem.buffers[j];
-      const bool early = o.lower < c.until || o.upper > period;  // live in [0, until) of the cycle
-      const std::uint64_t off = r.offsets[j];
-      hit = early && c.at < off + o.size && off < c.at + c.bytes;
+  // Re-planning around the pins moves other buffers, which may then land on
+  // a candidate that was not in the way before (seen on HF GPT-2: the new
+  // logits planned onto the recorded ones, a conflict in the first replay
+  // on one run in five). So check again after each plan until no candidate
+  // is hit: each round pins at least one more, at most one per candidate.
+  for (std::size_t round = 0; round <= candidates.size(); ++round) {
+    bool more = false;
+    for (const StepPlanJob::PinCandidate& c : candidates) {
+      const std::size_t own = buffer_of[c.k];
+      if (pinned[own] != StepPlanJob::kNotPinned) continue;
+      bool hit = false;
+      for (std::size_t j = 0; !hit && j < problem.buffers.size(); ++j) {
+        if (j == own) continue;
+        const planner::Buffer& o = problem.buffers[j];
+        // Live in [0, until) of the cycle: born before it, or wrapping into it.
+        const bool early = o.lower < c.until || (period > 0 && o.upper > period);
+        const std::uint64_t off = r.offsets[j];
+        hit = early && c.at < off + o.size && off < c.at + c.bytes;
+      }
+      if (hit) {
+        pinned[own] = c.at;
+        more = true;
+      }
     }
-    if (hit) {
-      pinned[own] = c.at;
-      any = true;
-    }
+    if (!more) break;
+    r = solve_pinned(problem, pinned, options);
   }
   // Pins can cost a few % of the plan (HF Llama: 41.3 instead of 39.1 MiB)
   // on every step. Tried: keeping the plan without them when they cost more
@@ -676,22 +695,20 @@ planner::Result plan_pinning(const planner::Problem& problem,
   // allocated; and a one-step bridge layout planned around the live-outs:
   // the same Llama run conflicted on every replay. Both are in
   // docs/design.md.
-  return any ? solve_pinned(problem, pinned, options) : r;
+  return r;
 }
 
 }  // namespace
 
 void StepPlanner::run(PlanJob& job) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (job.phases != 2) {
-    job.result = planner::plan(job.problem, job.options);
-  } else {
-    const std::size_t n = job.n_slots;
-    std::vector<std::size_t> second(n);  // slot k's phase-1 instance is buffer k + n
-    for (std::size_t k = 0; k < n; ++k) second[k] = k + n;
-    job.result = plan_pinning(job.problem, job.pin_candidates, second, job.options, job.pinned);
-    align_phases(job.problem, n, job.pinned, job.result.offsets);
-  }
+  const std::size_t n = job.n_slots;
+  // The recorded step's live-outs are the instances of the phase the first
+  // replay does not use: buffer k + n in an alternating plan, k otherwise.
+  std::vector<std::size_t> recorded(n);
+  for (std::size_t k = 0; k < n; ++k) recorded[k] = job.phases == 2 ? k + n : k;
+  job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);
+  if (job.phases == 2) align_phases(job.problem, n, job.pinned, job.result.offsets);
   job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
