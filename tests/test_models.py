@@ -169,3 +169,63 @@ def test_cli_version_module_and_help(tmp_path):
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert m.returncode == 0, m.stderr
     assert m.stdout.strip() == "args ['--flag', '1']"
+
+
+def _run_script(tmp_path, text, name="s.py"):
+    (tmp_path / name).write_text(text)
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(tmp_path / "r.json"),
+                        str(tmp_path / name)], capture_output=True, text=True, env=clean_env(), timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, json.loads((tmp_path / "r.json").read_text())
+
+
+_LOOP = ("m = torch.nn.Linear(256, 256)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+         "for i in range(8):\n{open}"
+         "    loss = m(torch.randn(64, 256)).pow(2).mean()\n    loss.backward(); opt.step(); opt.zero_grad()\n")
+
+
+def test_run_keeps_the_scripts_own_install_options(tmp_path):
+    # Before: run installed the defaults first, so the script's own install
+    # with options raised "already installed with a different configuration".
+    out, rep = _run_script(tmp_path, "import torch\nimport torch_renaissance as tr\n"
+                           "tr.install('cpu', max_variants=3, plan_budget_seconds=0.5)\n"
+                           "print(tr.installed_config('cpu').max_variants, tr.installed_config('cpu').plan_budget_ms)\n"
+                           + _LOOP.format(open=""))
+    assert out.split() == ["3", "500"]
+    # run's optimizer-step boundaries start once the script's install returned.
+    assert rep["step_boundaries"] == 8
+    assert rep["planned_steps"] >= 6 and rep["plan_hit_rate"] == 1.0 and rep["steady_reason"] is None, rep
+
+
+@pytest.mark.parametrize("how", ["with", "decorator"])
+def test_run_keeps_the_scripts_own_steps(tmp_path, how):
+    # Before: the script's first tr.step() raised "a step is already open"
+    # (run's optimizer-step boundary keeps one open).
+    if how == "with":
+        text = "import torch\nimport torch_renaissance as tr\n" + _LOOP.format(open="  with tr.step():\n").replace(
+            "\n    loss", "\n      loss").replace("\n    loss.backward", "\n      loss.backward")
+    else:
+        text = ("import torch\nimport torch_renaissance as tr\nm = torch.nn.Linear(256, 256)\n"
+                "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n@tr.planned\ndef it():\n"
+                "    loss = m(torch.randn(64, 256)).pow(2).mean()\n    loss.backward(); opt.step(); opt.zero_grad()\n"
+                "for i in range(8):\n    it()\n")
+    text += "s = tr.memory_stats('cpu')\nprint(s['renaissance.steps'])\n"
+    out, rep = _run_script(tmp_path, text)
+    # The script's 8 steps, and run's one step before the first of them
+    # (imports, the model): no nested step, no step split by opt.step().
+    assert out.split() == ["9"]
+    assert rep["step_boundaries"] == 8
+    assert rep["planned_steps"] >= 6 and rep["plan_hit_rate"] == 1.0 and rep["steady_reason"] is None, rep
+
+
+def test_calls_install_finds_the_forms_a_script_uses():
+    from torch_renaissance.cli import _calls_install
+
+    assert _calls_install("import torch_renaissance as tr\ntr.install('cpu', planning=False)\n")
+    assert _calls_install("import torch_renaissance\ntorch_renaissance.install()\n")
+    assert _calls_install("from torch_renaissance import install as inst\ninst('cpu')\n")
+    assert _calls_install("from torch_renaissance import installer\ninstaller.install('cpu')\n")
+    assert not _calls_install("import torch_renaissance as tr\nwith tr.step():\n    pass\n")
+    assert not _calls_install("import pip\npip.install('x')\n")  # another module's install
+    assert not _calls_install("def f(:\n")  # not Python: run installs as usual

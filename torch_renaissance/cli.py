@@ -16,6 +16,7 @@ Also: python -m torch_renaissance ...
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import runpy
@@ -179,6 +180,70 @@ def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = N
     plt.close(fig)
 
 
+def _program_source(module: Optional[str], script: Optional[str]) -> Optional[str]:
+    """The source text of the program run will run (None when it cannot be read)."""
+    path = script
+    if module:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        if spec.submodule_search_locations:  # a package: python -m runs its __main__
+            try:
+                spec = importlib.util.find_spec(module + ".__main__")
+            except (ImportError, ValueError):
+                return None
+        path = spec.origin if spec is not None else None
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _calls_install(source: str) -> bool:
+    """True if ``source`` calls torch_renaissance's ``install`` itself
+    (``tr.install(...)``, ``torch_renaissance.install(...)``,
+    ``from torch_renaissance import install``, ``installer.install(...)``)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    modules, names = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "torch_renaissance" or a.name.startswith("torch_renaissance."):
+                    modules.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch_renaissance"):
+            for a in node.names:
+                if a.name == "install":
+                    names.add(a.asname or a.name)
+                elif a.name == "installer":
+                    modules.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in names:
+            return True
+        if isinstance(f, ast.Attribute) and f.attr == "install":
+            root = f.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in modules:
+                return True
+    return False
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import threading
 
@@ -202,15 +267,41 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("torch-renaissance run: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
             return 2
     rec = _Recorder(devices)
+    # A program that installs torch_renaissance itself (with its options)
+    # keeps its install: run installs nothing before it, and its boundaries
+    # start once the program's install() returned. One that marks its own
+    # steps (step(), @planned) keeps those: the first one stops run's
+    # optimizer-step boundaries (torch_renaissance.step).
+    source = _program_source(module, script)
+    own_install = source is not None and _calls_install(source)
+    holder: dict = {"steps": None}
+
+    def start_steps() -> None:
+        if holder["steps"] is None:
+            ready = [d for d in devices if tr.installer.is_installed(d)]
+            if ready:
+                holder["steps"] = tr.auto_steps(ready)
+                holder["steps"].on_boundary.append(rec.boundary)
+
+    originals = (tr.install, tr.installer.install)
     try:
-        for d in devices:
-            tr.install(d)
-        # CUDA is not initialized here: the script may pick its device first.
-        steps = tr.auto_steps(devices)
-        steps.on_boundary.append(rec.boundary)
+        if own_install:
+            def install(device="cpu", **config):
+                originals[1](device, **config)
+                start_steps()
+
+            install.__doc__ = originals[1].__doc__
+            tr.install = tr.installer.install = install
+        else:
+            for d in devices:
+                tr.install(d)
+            # CUDA is not initialized here: the script may pick its device first.
+            start_steps()
     except (ValueError, RuntimeError, ImportError) as e:
         print(f"torch-renaissance run: {e}", file=sys.stderr)
         return 2
+    stepmod = importlib.import_module("torch_renaissance.step")
+    stepmod.step_end_hooks.append(rec.boundary)
     report_file = _open_report(args.report) if args.report else None
     if report_file is False:
         return 2
@@ -261,7 +352,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             sampler.join()
         tr.stop_auto_steps()
         tr.stop_step_on()
-        times = steps.times
+        tr.install, tr.installer.install = originals
+        if rec.boundary in stepmod.step_end_hooks:
+            stepmod.step_end_hooks.remove(rec.boundary)
+        times = holder["steps"].times if holder["steps"] is not None else []
         # CUDA: the device the script left current; nothing to report when
         # the script never initialized CUDA.
         used = [d for d in devices if tr.installer.active_arena(d) is not None]
@@ -622,8 +716,11 @@ allocator (and CUDA's with --cuda) before the program's first tensor. The progra
 Where step boundaries come from: every optimizer.step() ends one step and starts the next
 (PyTorch's global optimizer step hook; with several optimizers, the first one seen); each
 outermost call of a function named by --step-on is one step too (inference: generate(), a
-serving function). Steps 0 and 1 are recorded, the plan is made at the end of step 1, later
+serving function). Steps 1 and 2 are recorded, the plan is made at the end of step 2, later
 steps replay it. A program with no boundary runs on the dynamic pool, unplanned; the report says so.
+A program that calls torch_renaissance.install() itself keeps its options (run installs
+nothing before it), and one that marks its own steps (torch_renaissance.step(), @planned) keeps
+them (its first step ends run's optimizer-step boundaries).
 
 Options of run come before SCRIPT; everything after SCRIPT (or MODULE) goes to the program.
 At exit a memory report goes to stderr: whole-run peaks, the steady state (peaks after the first

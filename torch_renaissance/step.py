@@ -31,6 +31,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _keys: dict = {}
 _keys_lock = threading.Lock()
 
+# Called with no arguments after each step a program marks itself (step(),
+# @planned) ended: torch-renaissance run's report keeps its steady state at
+# those boundaries when the program marks its own steps.
+step_end_hooks: List[Callable[[], None]] = []
+
 
 def _key_id(key: Hashable) -> int:
     """A stable small integer for a step key (0 is the default key)."""
@@ -56,6 +61,10 @@ def step(device: Any = None, key: Hashable = None) -> Iterator[None]:
             steps are nested, or automatic steps are on for that arena.
     """
     arena = get_arena(device)
+    if _auto is not None and arena in _auto.open:
+        # The program marks its own steps (under torch-renaissance run, which
+        # made optimizer steps the boundaries): its steps win, for good.
+        _defer_auto_steps()
     if arena.in_step:
         raise RuntimeError("torch_renaissance.step(): a step is already open on this arena "
                            "(steps do not nest; with `torch-renaissance run`, optimizer steps "
@@ -65,6 +74,8 @@ def step(device: Any = None, key: Hashable = None) -> Iterator[None]:
         yield
     finally:
         arena.end_step()
+        for fn in step_end_hooks:
+            fn()
 
 
 def planned(fn: Optional[F] = None, *, device: Any = None, key: Hashable = None):
@@ -119,6 +130,7 @@ class _AutoSteps:
         # Called with no arguments at each boundary, after the step ended and
         # before the next begins (torch-renaissance run's steady-state reset).
         self.on_boundary: List[Callable[[], None]] = []
+        self.deferred = False  # the program marks its own steps (step(), @planned)
 
     def _begin(self) -> None:
         self.open = []
@@ -186,6 +198,17 @@ def auto_steps(devices: Optional[List[Any]] = None) -> _AutoSteps:
         _auto = _AutoSteps(devices)
         _auto.start()
     return _auto
+
+
+def _defer_auto_steps() -> None:
+    """Ends the step :func:`auto_steps` keeps open and stops making optimizer
+    steps boundaries (the program marks its own); ``stop_auto_steps`` still
+    returns the times measured so far."""
+    if _auto is not None and _auto._handle is not None:
+        _auto._handle.remove()
+        _auto._handle = None
+        _auto._end()
+        _auto.deferred = True
 
 
 def stop_auto_steps() -> Optional[List[float]]:
