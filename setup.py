@@ -1,7 +1,7 @@
 """Build torch_renaissance's compiled extension ``torch_renaissance._C``.
 
-CPU-only build by default. The CUDA parts (``csrc/core/cuda_device.cpp`` and
-``csrc/torch/cuda_allocator.cpp``) are added when the installed torch was built
+CPU-only build by default. The CUDA parts (``csrc/core/cuda_device.cpp``, the
+torch glue ``csrc/torch/cuda_*.cpp`` and ``csrc/python/cuda_bindings.cpp``) are added when the installed torch was built
 with CUDA and a CUDA toolkit is found (``CUDA_HOME`` or ``/usr/local/cuda``),
 unless ``TORCH_RENAISSANCE_CUDA=0``; ``TORCH_RENAISSANCE_CUDA=1`` requires them.
 ``TORCH_RENAISSANCE_DEBUG=1`` (or ``2``, ``3``) makes a debug build at that
@@ -20,9 +20,11 @@ from setuptools import setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# The torch CUDA glue is every csrc/torch/cuda_*.cpp (cuda_allocator.cpp lists
+# them and their lock order); tools/check_cuda_build.py compiles the same set.
 CUDA_ONLY = {
     "csrc/core/cuda_device.cpp",
-    "csrc/torch/cuda_allocator.cpp",
+    *sorted(glob.glob("csrc/torch/cuda_*.cpp", root_dir=ROOT)),
     "csrc/python/cuda_bindings.cpp",
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import pathlib
 import statistics
 import sys
 import time
@@ -46,8 +47,13 @@ def pct(n, load):
     return "n/a" if n is None else f"{100 * (n / load - 1):+.3f}%"
 
 
-def instances(quick: bool):
-    """(name, kind, lifetimes, PyTorch peak reserved or None)."""
+def instances(quick: bool, minimalloc_csv=()):
+    """(name, kind, lifetimes, PyTorch peak reserved or None).
+
+    ``minimalloc_csv``: more MiniMalloc-format CSV files (``id,lower,upper,size``; e.g. the
+    rest of google/minimalloc's ``benchmarks/challenging`` from a checkout), measured as the
+    shared MiniMalloc instances are (budgets 1 and 10 s, height vs 1,048,576 bytes).
+    """
     root = data_dir() / "traces"
     out = []
     if root.is_dir():
@@ -59,6 +65,9 @@ def instances(quick: bool):
             out.append((f.stem, kind, T.load_trace(f).lifetimes(), None))
     else:
         print(f"reference traces not found at {root}; synthetic instances only", file=sys.stderr)
+    for path in minimalloc_csv:
+        f = pathlib.Path(path)
+        out.append((f"minimalloc_{f.name.split('.')[0]}", "minimalloc", T.load_trace(f).lifetimes(), None))
     for n, seed in SYNTHETIC[:3] if quick else SYNTHETIC:
         lt = training_step(n, seed)
         out.append((f"synthetic_{n // 1000}k_s{seed} ({len(lt)})", "synthetic", lt, None))
@@ -91,6 +100,9 @@ def main() -> int:
     ap.add_argument("--no-clock", action="store_true",
                     help="the work count alone stops the search (clock_seconds=inf): the plans an "
                          "idle reference machine gets, the same on any machine")
+    ap.add_argument("--minimalloc-csv", nargs="*", default=[], metavar="CSV",
+                    help="more MiniMalloc-format instances (id,lower,upper,size), e.g. the rest "
+                         "of google/minimalloc's benchmarks/challenging (not in this repository)")
     args = ap.parse_args()
     clock = math.inf if args.no_clock else None
     repeats = 1 if args.quick else args.repeats
@@ -98,7 +110,7 @@ def main() -> int:
     rows = []
     worst = {"1s": 0.0, "time_1s": 0.0, "mm1": 0.0}
     mm_ok = []
-    insts = instances(args.quick)
+    insts = instances(args.quick, args.minimalloc_csv)
     for name, kind, lt, reserved in [] if args.wall_only else insts:
         # Issue 12: 1 s; 2 s from 50,000 buffers up (target: 100k buffers in 2 s).
         budgets = [1.0, 10.0] if kind == "minimalloc" else [2.0 if len(lt) > 50_000 else 1.0]

@@ -22,10 +22,15 @@ repetitions 1-2 / 3-6 (planned: recorded steps / steady steps). Ours runs on ``H
 ``max_reserved_bytes`` as the device's memory; its memory is never touched
 (reserved bytes are the measure, as on a GPU).
 
+Then item 5: the bundled GPT trained on lengths that grow every step with
+``expandable_segments=False`` (``bench_territory.varlen_fixed``): the worst
+step's peak reserved / peak allocated (steps 2-29) and the last step's, with
+planning off and on.
+
 Then the demo GPT's whole-run peak reserved / LOAD (recorded steps
 included) and the steady one, from ``torch_renaissance.examples.train_gpt``.
 
-Run: ``python benchmarks/bench_pressure.py [--no-pytorch] [--no-demo]``.
+Run: ``python benchmarks/bench_pressure.py [--no-pytorch] [--no-varlen] [--no-demo]``.
 """
 from __future__ import annotations
 
@@ -166,6 +171,7 @@ def mib(n):
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--no-pytorch", action="store_true", help="skip PyTorch's CPU allocator")
+    p.add_argument("--no-varlen", action="store_true", help="skip the growing-lengths GPT (item 5)")
     p.add_argument("--no-demo", action="store_true", help="skip the demo GPT")
     args = p.parse_args()
     print(f"machine: {machine()}; rev {git_rev()}\n")
@@ -189,6 +195,12 @@ def main() -> int:
     pend, same, queries = pending_after_next_request()
     print(f"\npending: 1 MiB-class block freed with a finished side-stream use: {pend} bytes pending "
           f"after the next request (same block again: {same}; event/stream queries: {queries})")
+    if not args.no_varlen:
+        from bench_territory import varlen_fixed
+
+        rows = [[name] + varlen_fixed(p) for name, p in (("planning off", False), ("planning on", True))]
+        print("\ngrowing lengths, fixed segments (GPT, 30 steps): peak reserved / peak allocated")
+        print(table(["", "worst step (2-29)", "last step"], rows))
     if not args.no_demo:
         res = demo()
         if res:

@@ -1,8 +1,10 @@
 """The core's hot path and planned replay, timed in C++ loops beside malloc/free.
 
-* ``hot path <size>``: N allocate+free pairs of one size on a HostDevice arena (the dynamic
-  pool with its free cache in front, 16 other blocks live; 4 MiB blocks are above the cache's
-  1 MiB and take the best-fit path) against the same loop on glibc's ``malloc``/``free``. The loops
+* ``hot path <size>``: N allocate+free pairs of one size on a HostDevice arena (the calling
+  thread's front in front of the dynamic pool, 16 other blocks live; 4 MiB blocks are above the
+  fronts' 1 MiB and take the best-fit path), the same with the fronts off (``set_fronts(False)``:
+  the arena-locked free cache of the previous release, the "before"), against the same loop on
+  glibc's ``malloc``/``free``. The loops
   run in C++ (``_C.bench_pairs`` / ``_C.bench_malloc_pairs``, no GIL), so Python's ~1 us per
   call is spread over N pairs and is not what is measured.
 * ``threads 512 B``: the same pairs on 1 and 4 threads at once (per-pair time of the whole
@@ -29,9 +31,13 @@ def _pairs(benchmark) -> int:
     return 100 if benchmark.disabled else 100_000
 
 
-@pytest.fixture
-def dynamic_arena():
+FRONTS = {"fronts": True, "fronts off": False}
+
+
+@pytest.fixture(params=list(FRONTS))
+def dynamic_arena(request):
     arena = C.Arena(C.HostDevice(), planning=False)
+    arena.set_fronts(FRONTS[request.param])
     yield arena
     arena.check_invariants()
 

@@ -34,7 +34,8 @@ def test_planned_keeps_a_plain_function():
     assert g.__name__ == "f" and g.__wrapped__ is f
 
 
-@pytest.mark.parametrize("call", [lambda: tr.install(123), lambda: tr.memory_stats(123)])
+@pytest.mark.parametrize("call", [lambda: tr.install(123), lambda: tr.memory_stats(123),
+                                  lambda: tr.ModelSlots(123), lambda: tr.StreamManager(123)])
 def test_a_device_torch_cannot_make_is_named_in_the_error(call):
     # torch.device(123) is accelerator 123; a CPU-only machine refuses it with
     # torch's own text ("Cannot access accelerator device ..."), which named
@@ -45,6 +46,17 @@ def test_a_device_torch_cannot_make_is_named_in_the_error(call):
         pytest.skip("an accelerator exists here: 123 may name a device")
     with pytest.raises(RuntimeError, match=r"123 is not a device it can use \(pass 'cpu', 'cuda' or 'cuda:N'\)"):
         call()
+
+
+@pytest.mark.parametrize("make", [lambda d: tr.ModelSlots(d), lambda d: tr.StreamManager(d)])
+@pytest.mark.parametrize("bad", ["gpu:0", "cuda:x", 1.5])
+def test_model_slots_and_stream_manager_name_a_bad_device(make, bad):
+    # Both called torch.device() themselves, whose errors name neither the
+    # value (for a float) nor what to pass; now they give installer's error.
+    with pytest.raises(RuntimeError, match=r"torch_renaissance: .* is not a device it can use "
+                                           r"\(pass 'cpu', 'cuda' or 'cuda:N'\)") as e:
+        make(bad)
+    assert repr(bad) in str(e.value)
 
 
 def test_demo_json_to_an_unwritable_path_runs_nothing(tmp_path, capsys, monkeypatch):
@@ -82,3 +94,32 @@ def test_plan_png_to_an_unwritable_path_still_prints_the_plan(tmp_path, capsys, 
 
     plan = json.loads(out.strip().splitlines()[-1])
     assert plan["load_bytes"] == plan["plan_bytes"] == 300  # 200 + 100 live at once
+
+
+def test_memory_summary_lines_are_one_width_and_numbers_are_the_stats():
+    # Found by a tester: 11-character cells in 10-character columns, and a frame of 83
+    # characters around rows of 87.
+    import textwrap
+
+    from conftest import run_python
+
+    r = run_python(textwrap.dedent("""
+        import torch, torch_renaissance as tr
+        before = tr.memory_summary("cpu")          # as memory_stats: zeros, not an error
+        assert "not installed" in before.splitlines()[1], before
+        assert {len(l) for l in before.splitlines()} == {91}, before
+        tr.install("cpu")
+        x = torch.empty(1 << 20)                    # 4 MiB, one large-pool block
+        s = tr.memory_stats("cpu")
+        out = tr.memory_summary("cpu")
+        lines = out.splitlines()
+        assert {len(l) for l in lines} == {91}, out
+        row = next(l for l in lines if l.startswith("|Allocated memory"))
+        cells = [c.strip() for c in row.split("|")[2:6]]
+        assert cells[0] == "4.00 MiB" and cells[3] == "0 B", cells
+        assert s["allocated_bytes.all.current"] == 4 << 20
+        row = next(l for l in lines if l.startswith("|Allocations"))
+        assert [int(c) for c in row.split("|")[2:6]] == [1, 1, 1, 0], row
+        print("OK")
+    """))
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr

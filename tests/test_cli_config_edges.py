@@ -51,8 +51,29 @@ def test_run_report_that_fails_at_the_end_keeps_the_scripts_exit_code(tmp_path):
     r, ran = _run(tmp_path, "/dev/full", 3)
     assert ran and r.returncode == 3, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert "torch-renaissance run: --report /dev/full: cannot write: " in r.stderr
+    # The write's ENOSPC, not truncate()'s EINVAL on a device (found by a tester).
+    assert ("torch-renaissance run: --report /dev/full: cannot write: "
+            "No space left on device") in r.stderr, r.stderr[-2000:]
     assert "torch_renaissance memory report" in r.stderr  # the report still went to stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_run_reports_once_when_the_script_forks_a_child_that_exits(tmp_path):
+    # A child that leaves through sys.exit() unwinds through run's own code: it must not
+    # print (or write) a second report. Found by a tester.
+    script = tmp_path / "forks.py"
+    script.write_text("import os, sys\n"
+                      "pid = os.fork()\n"
+                      "if pid == 0:\n"
+                      "    sys.exit(0)\n"
+                      "os.waitpid(pid, 0)\n")
+    report = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--report",
+                        str(report), str(script)], capture_output=True, text=True,
+                       env=clean_env(), cwd=str(REPO), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("torch_renaissance memory report") == 1, r.stderr
+    assert json.loads(report.read_text())["device"] == "cpu"
 
 
 def test_run_report_is_written_where_the_path_pointed_before_the_script_ran(tmp_path):

@@ -277,10 +277,12 @@ def test_the_cache_never_serves_another_stream(C):
     s1 = dev.new_stream()
     keep0 = a.allocate(64 * KiB, 0)
     p = a.allocate(64 * KiB, 0)
+    w = a.allocate(64 * KiB, s1)  # the peak is set here: what follows raises no peak
+    a.deallocate(w)
     a.deallocate(p)
-    assert a.cached_blocks == 1
+    assert a.cached_blocks == 2
     q = a.allocate(64 * KiB, s1)  # same size, other stream: not from stream 0's cache
-    assert q != p and a.cached_blocks == 1
+    assert q == w and a.cached_blocks == 1
     r = a.allocate(64 * KiB, 0)
     assert r == p
     for x in (q, r, keep0):
@@ -292,35 +294,55 @@ def test_the_cache_never_serves_another_stream(C):
 @pytest.mark.parametrize("expandable", [True, False])
 def test_fit_guarantee_with_the_cache_filled_on_other_threads(C, expandable):
     """Four threads, one after another (so the outcome is known), allocate 8
-    blocks of their own size and free them into the cache; with those bytes
-    still reserved, a request that fits in the limit minus the live bytes
-    must succeed: the out-of-memory ladder flushes the cache before it gives
-    memory back."""
+    blocks of their own size and free them into their fronts, and stay alive
+    (a thread's exit gives its front back); with those bytes still reserved,
+    a request that fits in the limit minus the live bytes must succeed: the
+    out-of-memory ladder folds every thread's front before it gives memory
+    back."""
     limit = 24 * MiB
     a = C.Arena(C.HostDevice(), max_reserved_bytes=limit, expandable_segments=expandable,
                 planning=False)
     keep = a.allocate(64)  # the one live block
+    filled = [threading.Event() for _ in range(4)]
+    done = threading.Event()
+    errors: list[BaseException] = []
 
     def fill(t: int) -> None:
-        size = (t + 1) * 128 * KiB
-        ps = [a.allocate(size) for _ in range(8)]
-        for p in ps:
-            a.deallocate(p)
+        try:
+            if t:
+                filled[t - 1].wait()
+            size = (t + 1) * 128 * KiB
+            ps = [a.allocate(size) for _ in range(8)]
+            for p in ps:
+                a.deallocate(p)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+        filled[t].set()
+        done.wait()
 
-    for t in range(4):
-        th = threading.Thread(target=fill, args=(t,))
+    threads = [threading.Thread(target=fill, args=(t,)) for t in range(4)]
+    for th in threads:
         th.start()
-        th.join()
-    # A growth flushes the cache first, so the last thread's blocks are in it.
-    assert (a.cached_blocks, a.cached_bytes) == (8, 8 * 512 * KiB)
-    a.check_invariants()
-    reserved = a.stats()["reserved_bytes"]["all"]["current"]
-    big = 22 * MiB
-    assert reserved + big > limit  # fits only once what the cache holds goes back
-    p = a.allocate(big)
-    assert a.cached_blocks == 0
-    a.check_invariants()
-    a.deallocate(p)
+    try:
+        filled[3].wait()
+        assert not errors, errors
+        # Each thread's first allocation raised the peak, which folded the
+        # fronts before it: the last thread's blocks are what is cached.
+        assert (a.cached_blocks, a.cached_bytes) == (8, 8 * 512 * KiB)
+        assert a.front_count == 5  # four threads and this one
+        a.check_invariants()  # reads the fronts without folding them
+        assert a.cached_blocks == 8
+        big = 22 * MiB
+        # What the fronts cache is reserved: big fits only once it goes back.
+        assert a.cached_bytes + 64 + big > limit
+        p = a.allocate(big)
+        assert a.cached_blocks == 0
+        a.check_invariants()
+        a.deallocate(p)
+    finally:
+        done.set()
+        for th in threads:
+            th.join()
     a.deallocate(keep)
     a.empty_cache()
     assert a.stats()["reserved_bytes"]["all"]["current"] == 0
@@ -335,4 +357,75 @@ def test_oom_is_still_raised_when_nothing_can_be_freed(C):
     with pytest.raises(torch.OutOfMemoryError):
         a.allocate(9 * MiB)
     assert a.cached_blocks == 0
+    a.check_invariants()
+
+
+@pytest.mark.parametrize("expandable", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_threaded_stress_keeps_every_invariant(C, expandable, seed):
+    """Four C++ threads at once (no GIL), 3,000 seeded operations each:
+    allocate (mostly sizes the fronts serve), free their own blocks, give
+    blocks to another thread to free (a free of a block another thread's
+    front holds), with thread 0 checking the invariants while the others run.
+    The loop itself checks that no block is handed out while a live block
+    overlaps it and that no live block was overwritten. Afterwards every
+    thread has exited (its front given back), nothing is live, the
+    cumulative counts equal the loop's own, and the invariants hold."""
+    a = C.Arena(C.HostDevice(), expandable_segments=expandable, planning=False)
+    allocs, requested, given = C.stress_threads(a, 4, 3000, seed)
+    assert given > 0  # cross-thread frees happened
+    assert a.front_count == 0  # every worker's front went back at its exit
+    a.check_invariants()
+    s = a.stats()
+    assert s["allocation"]["all"]["current"] == 0
+    assert s["allocated_bytes"]["all"]["current"] == 0
+    assert s["requested_bytes"]["all"]["current"] == 0
+    assert s["allocation"]["all"]["allocated"] == allocs
+    assert s["allocation"]["all"]["freed"] == allocs
+    assert s["requested_bytes"]["all"]["allocated"] == requested
+    assert s["requested_bytes"]["all"]["freed"] == requested
+    assert s["active_bytes"]["all"]["current"] == 0
+    a.empty_cache()
+    assert a.stats()["reserved_bytes"]["all"]["current"] == 0
+    a.check_invariants()
+
+
+def test_a_thread_exit_gives_its_front_back(C):
+    """A C++ thread (joined, so its thread-local destructors have run) that
+    freed blocks into its front leaves nothing cached and no front behind;
+    stats equal a fresh count."""
+    a = C.Arena(C.HostDevice(), planning=False)
+    C.bench_pairs(a, 512, 100, 2)  # two threads, each with a front of its own
+    assert a.front_count == 0
+    assert a.cached_blocks == 0
+    a.check_invariants()
+    s = a.stats()
+    assert s["allocation"]["all"]["allocated"] == 200
+    assert s["allocation"]["all"]["current"] == 0
+    assert s["allocation"]["all"]["peak"] in (1, 2)  # the two threads overlap or not
+
+
+def test_a_front_books_a_smaller_request_exactly(C):
+    """A thread's front hands a cached block to a request of the same rounded
+    size only within the block's booked requested bytes, and a fold books
+    the smaller request: requested bytes (current, peak, cumulative) are
+    exactly what they would be without the front (hand-computed here)."""
+    a = C.Arena(C.HostDevice(), planning=False)
+    keep = a.allocate(512)
+    p = a.allocate(512)
+    a.deallocate(p)  # into this thread's front
+    assert a.cached_blocks == 1
+    q = a.allocate(500)  # 500 <= 512 booked, same rounded size: the front's block
+    assert q == p and a.cached_blocks == 0
+    a.check_invariants()  # checks the true values, without folding
+    s = a.stats()["requested_bytes"]["all"]  # folds
+    assert (s["current"], s["peak"], s["allocated"], s["freed"]) == (1012, 1024, 1524, 512)
+    a.deallocate(q)  # still held by the front after the fold: cached again, booked 500
+    assert a.cached_blocks == 1
+    r = a.allocate(510)  # more than the 500 booked: not served by the front
+    s = a.stats()["requested_bytes"]["all"]
+    assert (s["current"], s["peak"], s["allocated"], s["freed"]) == (1022, 1024, 2034, 1012)
+    assert a.stats()["allocated_bytes"]["all"]["peak"] == 1024
+    for x in (r, keep):
+        a.deallocate(x)
     a.check_invariants()

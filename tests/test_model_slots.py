@@ -119,7 +119,7 @@ def test_parameters_are_views_into_the_slot_set():
 
 
 @pytest.mark.parametrize("op", ["load", "swap"])
-@pytest.mark.parametrize("bad", ["missing", "extra", "shape", "dtype"])
+@pytest.mark.parametrize("bad", ["missing", "extra", "shape", "dtype", "sparse", "meta"])
 def test_bad_weights_raise_naming_the_key_and_nothing_is_lost(op, bad):
     slots = registered(archs=("mlp", "gnn"))
     good = S.make_weights("mlp", 1)
@@ -142,9 +142,17 @@ def test_bad_weights_raise_naming_the_key_and_nothing_is_lost(op, bad):
     elif bad == "shape":
         w["head.weight"] = torch.zeros(16, 511)
         key, expect = "head.weight", "expected float32 of shape (16, 512)"
-    else:
+    elif bad == "dtype":
         w["body.0.bias"] = w["body.0.bias"].double()
         key, expect = "body.0.bias", "expected float32 of shape (512,)"
+    elif bad == "sparse":
+        # Shape and dtype match; copy_() from it fails. Found by a tester: the first
+        # tensors were already copied, leaving the model half-swapped.
+        w["head.bias"] = w["head.bias"].to_sparse()
+        key, expect = "head.bias", "a sparse_coo tensor, expected a dense float32 of shape (16,)"
+    else:
+        w["head.bias"] = torch.empty_like(w["head.bias"], device="meta")
+        key, expect = "head.bias", "a meta tensor (no data), expected a dense float32"
     with pytest.raises(ValueError) as err:
         if op == "load":
             slots.load("new", "mlp", w)
@@ -501,3 +509,17 @@ def test_switch_and_swap_allocate_nothing_and_keep_every_address():
         st = r["stats"]
         assert st["loads"] == 1 and st["swaps"] == 1 and st["switches"] == 2
         assert st["mean_switch_seconds"] > 0
+
+
+def test_old_import_paths_name_the_package_classes():
+    # model_slots.py became the model_slots/ package: the old module path and
+    # its public names still work and are the same objects.
+    import torch_renaissance as tr
+    import torch_renaissance.model_slots as ms
+    from torch_renaissance.model_slots.records import ArchitectureLayout
+    from torch_renaissance.model_slots.slots import ModelSlots as Facade
+
+    assert ms.ModelSlots is tr.ModelSlots is Facade
+    assert ms.ArchitectureLayout is ArchitectureLayout
+    assert ms.REGION == "weights"
+    assert ms.__all__ == ["ArchitectureLayout", "ModelSlots", "REGION", "Weights"]

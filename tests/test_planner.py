@@ -179,7 +179,8 @@ def test_cli_plan_json_and_png(shared_data, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) == {"buffers", "load_bytes", "greedy_bytes", "plan_bytes", "pytorch_reserved_bytes",
-                        "plan_seconds", "lower_bound_bytes", "optimal", "stopped_by"}
+                        "pytorch_reserved_at_dump_bytes", "plan_seconds", "lower_bound_bytes",
+                        "optimal", "stopped_by"}
     assert out["stopped_by"] in ("bound", "work", "clock", "done")
     assert out["optimal"] == (out["plan_bytes"] == out["lower_bound_bytes"])
     assert out["load_bytes"] <= out["lower_bound_bytes"] <= out["plan_bytes"]
@@ -188,6 +189,7 @@ def test_cli_plan_json_and_png(shared_data, tmp_path):
     assert out["pytorch_reserved_bytes"] == tr.pytorch_reserved_peak
     assert out["load_bytes"] <= out["plan_bytes"] <= out["greedy_bytes"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["pytorch_reserved_at_dump_bytes"] == tr.pytorch_reserved_at_dump
     r = _cli(str(shared_data / "dsa" / "minimalloc_C.csv"), "--json")
     assert json.loads(r.stdout)["pytorch_reserved_bytes"] is None
 
@@ -405,3 +407,83 @@ def test_synthetic_steps_are_seeded_training_steps(n, seed):
     assert 0.1 * horizon < peak_at < 0.9 * horizon
     with pytest.raises(ValueError, match="buffers"):
         training_step(10)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda P: P.plan_lifetimes([(-1, 0, 1)]), r"buffer 0: size is -1; it must be in \[0, 2\*\*63\)"),
+    (lambda P: P.plan_lifetimes([(4, 0, 1), (2**63, 0, 1)]), r"buffer 1: size is 9223372036854775808"),
+    (lambda P: P.plan_lifetimes([(1.5, 0, 1)]), r"buffer 0: size must be an integer, not float"),
+    (lambda P: P.plan_lifetimes([(True, 0, 1)]), r"buffer 0: size must be an integer, not bool"),
+    (lambda P: P.plan_lifetimes([(1, 0, "2")]), r"buffer 0: upper time must be an integer, not str"),
+    (lambda P: P.plan_lifetimes([(1, 0)]), r"buffer 0: expected \(size, lower, upper\), got \(1, 0\)"),
+    (lambda P: P.plan_lifetimes([(1, -1, 1)]), r"buffer 0: negative lower time -1"),
+    (lambda P: P.plan_lifetimes([(1, 0, 1)], seed=-1), r"seed is -1"),
+    (lambda P: P.plan_lifetimes([(1, 0, 1)], seed=2**64), r"seed is 18446744073709551616"),
+    (lambda P: P.plan_lifetimes([(1, 0, 1)], budget_seconds=math.nan), r"budget_seconds is nan"),
+    (lambda P: P.plan_lifetimes([(1, 0, 1)], budget_seconds="1"), r"budget_seconds must be a number"),
+    (lambda P: P.plan_lifetimes([(1, 0, 1)], clock_seconds=-5), r"clock_seconds is -5"),
+    (lambda P: P.validate([(10, 0, 2)], [-1]), r"offset 0 is -1; it must be in \[0, 2\*\*64\)"),
+    (lambda P: P.validate([(10, 0, 2)], [0.0]), r"offset 0 must be an integer, not float"),
+])
+def test_planner_api_bad_values_are_one_value_error_naming_them(call, needle):
+    # Was: pybind's 20-line "incompatible function arguments" TypeError for sizes, seeds and
+    # offsets it cannot convert, and True planned as a 1-byte buffer.
+    from torch_renaissance import planner as P
+
+    with pytest.raises(ValueError, match="planner: " + needle) as info:
+        call(P)
+    assert "\n" not in str(info.value)
+
+
+def test_greedy_of_nothing_is_zero_not_unfinished():
+    # LOAD 0 (no buffers, or only empty ones): greedy's height is 0, a result, not "greedy did
+    # not finish within the budget" (None).
+    from torch_renaissance import planner as P
+
+    for rows in ([], [(0, 0, 1)], [(0, 0, 3), (0, 1, 2)]):
+        r = P.plan_lifetimes(rows)
+        assert (r.plan_bytes, r.load_bytes, r.greedy_bytes) == (0, 0, 0), rows
+    assert P.plan_lifetimes([(5, 0, 1), (3, 0, 2)]).greedy_bytes == 8
+
+
+def test_numpy_integers_are_plain_integers_to_the_planner():
+    np = pytest.importorskip("numpy")
+    from torch_renaissance import planner as P
+
+    r = P.plan_lifetimes([(np.int64(6), np.int32(0), 2), (4, np.uint8(1), np.int64(3))])
+    assert r.plan_bytes == 10 and r.offsets in ([0, 6], [4, 0])
+
+
+def test_cli_plan_shows_reserved_at_dump_when_a_snapshot_has_no_segment_events(shared_data):
+    # gpt_train_b has no segment_* events: its reserved peak is unknown, but what PyTorch held
+    # when the snapshot was taken is (the segments list). Was: "PyTorch reserved n/a".
+    from torch_renaissance import trace as T
+
+    path = shared_data / "snapshots" / "gpt_train_b.pickle"
+    tr = T.load_snapshot(path)
+    assert tr.pytorch_reserved_peak is None and tr.pytorch_reserved_at_dump > tr.load_bytes()
+    r = _cli(str(path), "--budget", "0.2")
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("PyTorch reserved"))
+    pct = 100 * (tr.pytorch_reserved_at_dump / tr.load_bytes() - 1)
+    assert f"{tr.pytorch_reserved_at_dump / 2**20:.1f} MiB" in line and f"{pct:+.2f}% vs LOAD" in line
+    assert "when the snapshot was taken" in line
+    out = json.loads(_cli(str(path), "--json", "--budget", "0.2").stdout)
+    assert out["pytorch_reserved_bytes"] is None
+    assert out["pytorch_reserved_at_dump_bytes"] == tr.pytorch_reserved_at_dump
+
+
+def test_cli_plan_device_all_shows_reserved_at_dump_marked(shared_data, capsys):
+    # The per-device table fell back to "n/a" where the single-device output shows the
+    # reserved bytes at dump time (a snapshot without segment events); found by a new user.
+    from torch_renaissance import cli
+    from torch_renaissance import trace as T
+
+    path = shared_data / "snapshots" / "gpt_train_b.pickle"
+    tr = T.load_snapshot(path)
+    assert cli.main(["plan", str(path), "--device", "all", "--budget", "0.1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    pct = f"{100 * (tr.pytorch_reserved_at_dump / tr.load_bytes() - 1):+.2f}%*"
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:] if not ln.startswith("*")}
+    assert rows["0"][-2] == pct and rows["total"][-2] == pct, lines  # the PyTorch column
+    assert lines[-1].startswith("* PyTorch's reserved bytes when the snapshot was taken")

@@ -155,6 +155,118 @@ def test_recorded_steps_peak_near_the_planned_steady_state(C):
     assert a.stats()["num_ooms"] == 0
 
 
+def test_recorded_steps_peak_near_the_planned_steady_state_fixed_segments(C):
+    # The same with expandable_segments=False. Step 0's 16 MiB requests used
+    # to split the cached 0.4 C segment (PyTorch's best fit does too): the
+    # second 0.4 C then needed a segment of its own, 6,554 MiB against a
+    # steady state of 4,877 (1.34x). Under a limit the large cached segment is
+    # not split for a small request and is given back before a growth raises
+    # the peak, so the recorded steps hold what the planned ones do.
+    cap = 8 * GiB
+    a = C.Arena(C.HostDevice(), expandable_segments=False, max_reserved_bytes=cap)
+    peaks = []
+    for _ in range(6):
+        a.reset_peak_stats()
+        a.begin_step()
+        _step_35901(a, cap)
+        a.end_step()
+        peaks.append(peak(a))
+    r = a.stats()["renaissance"]
+    assert r["planned_steps"] >= 3 and r["planned_hits"] > 0
+    load = int(0.4 * cap) + 100 * 16 * MiB
+    steady = max(peaks[3:])
+    assert steady <= 1.01 * load + 2 * MiB, (peaks, load)   # the territory is 2 MiB-rounded
+    assert max(peaks[:2]) <= 1.10 * steady, (peaks, steady)
+    assert a.stats()["num_ooms"] == 0
+    a.check_invariants()
+
+
+def test_fixed_segments_reuse_after_the_pattern_repeats_under_a_limit(C):
+    # planning=False, fixed segments: the #35901 pattern twice in one arena.
+    # The second time used to OOM (the 16 MiB requests split the cached
+    # 0.4 C segment, and the split one could not be given back).
+    cap = 4 * GiB
+    a = C.Arena(C.HostDevice(), expandable_segments=False, max_reserved_bytes=cap, planning=False)
+    for _ in range(2):
+        a.reset_peak_stats()
+        _step_35901(a, cap)
+        assert peak(a) <= int(0.4 * cap) + 100 * 16 * MiB + 64 * MiB
+    assert a.stats()["num_ooms"] == 0
+    a.check_invariants()
+
+
+KiB = 1 << 10
+
+
+def _varlen_fixed(C, planning, steps=30):
+    """A training loop whose lengths grow every step (every step a new plan),
+    on fixed segments: small parameters and optimizer state made once (the
+    state under the persistent hint, as the torch glue marks optimizer
+    steps), gradients kept from one step to the next, activations and
+    temporaries that grow with the length (all at most 1 MiB: small pool).
+    Returns, per step, (peak reserved, peak allocated, the large pool's peak
+    reserved, the small pool's, plan_bytes), and what stays reserved once
+    everything is freed and the cache emptied."""
+    a = C.Arena(C.HostDevice(), expandable_segments=False, planning=planning,
+                plan_budget_ms=10)  # 20-buffer plans: a short budget keeps the test fast
+    params = [a.allocate((64 << (k % 3)) * KiB) for k in range(12)]
+    state, grads, rows = [], [], []
+    for i in range(steps):
+        n = i + 1
+        a.reset_peak_stats()
+        a.begin_step()
+        for g in grads:
+            a.deallocate(g)
+        grads, acts = [], []
+        for k in range(10):  # forward
+            acts.append(a.allocate((48 + 8 * k) * KiB * n // 4 + 4 * KiB))
+            a.deallocate(a.allocate(96 * KiB * n // 3 + 8 * KiB))
+        for k in range(10):  # backward
+            t = a.allocate(40 * KiB * n // 2 + 8 * KiB)
+            grads.append(a.allocate(128 * KiB))
+            a.deallocate(t)
+            a.deallocate(acts.pop())
+        if i == 0:  # the optimizer's first step makes its state
+            a.set_persistent_hint(True)
+            state = [a.allocate(128 * KiB) for _ in range(24)]
+            a.set_persistent_hint(False)
+        a.end_step()
+        s = a.stats()
+        rows.append((s["reserved_bytes"]["all"]["peak"], s["allocated_bytes"]["all"]["peak"],
+                     s["reserved_bytes"]["large_pool"]["peak"], s["reserved_bytes"]["small_pool"]["peak"],
+                     s["renaissance"]["plan_bytes"]))
+    a.check_invariants()
+    for p in params + state + grads:
+        a.deallocate(p)
+    a.empty_cache()
+    return rows, a.stats()["reserved_bytes"]["all"]["current"]
+
+
+def test_outgrown_territory_goes_back_with_fixed_segments(C):
+    # Issue 11 item 5: with fixed segments every step of this loop outgrows
+    # its layout and re-plans. The territory used to be a segment of at least
+    # min_large_alloc (10 MiB for plans of 1.3-7 MiB), and the one a step
+    # outgrew stayed beside the next (worst step 2.95x peak allocated; 1.35x
+    # with planning off). Now the large pool holds one segment, the
+    # territory, sized to the plan in 2 MiB steps (1.5x the old one when
+    # outgrown), and planning adds nothing to the small pool.
+    off, left_off = _varlen_fixed(C, planning=False)
+    on, left_on = _varlen_fixed(C, planning=True)
+    two = 2 * MiB
+    for i, ((_, _, large, small, plan), (_, _, large_off, small_off, _)) in enumerate(zip(on, off)):
+        assert large_off == 0
+        # The territory's segment, and no second one beside it.
+        assert large <= -(-(plan * 3 // 2) // two) * two, (i, large, plan)
+        assert small <= small_off, (i, small, small_off)
+    assert left_on == left_off == 0
+    # Not met (reported): planning on is still above planning off in this
+    # loop, by the territory itself (its steps all diverge, so the dynamic
+    # pool serves them beside it): the worst step is 1.97x against 1.35x.
+    worst_on = max(r / p for r, p, *_ in on[2:])
+    worst_off = max(r / p for r, p, *_ in off[2:])
+    assert worst_on <= worst_off + max(large for _, _, large, _, _ in on) / min(p for _, p, *_ in on)
+
+
 def test_oom_in_a_recorded_step_leaves_the_next_step_able_to_plan(C):
     a = C.Arena(C.HostDevice(), max_reserved_bytes=256 * MiB)
     a.begin_step()

@@ -327,3 +327,55 @@ def test_stream_manager_drives_simulated_streams(C):
     sm.handoff(0, to="comm")                        # a zero-size tensor: accepted
     with pytest.raises(ValueError, match="needs the arena"):
         StreamManager(sim=dev)
+
+
+def test_stream_manager_sim_roles_are_per_thread(C):
+    # CUDA's current stream is per thread; so is the simulated one. Found by a tester: two
+    # threads whose on() blocks interleave left current() on 'h2d' for good, and while one
+    # thread was inside on('h2d') the others' handoff recorded on h2d.
+    import threading
+
+    from torch_renaissance import StreamManager
+
+    dev = C.SimDevice()
+    sm = StreamManager(sim=dev, arena=C.Arena(dev))
+    inside_a, inside_b, release_b = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with sm.on("h2d"):
+            inside_a.set()
+            inside_b.wait(10)
+            seen["a"] = sm.current()
+        seen["a_after"] = sm.current()
+
+    def b():
+        inside_a.wait(10)
+        with sm.on("comm"):
+            inside_b.set()
+            release_b.wait(10)
+            seen["b"] = sm.current()
+        seen["b_after"] = sm.current()
+
+    ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+    ta.start(); tb.start()
+    inside_b.wait(10)
+    seen["main_while_others_inside"] = sm.current()
+    ta.join(10)
+    release_b.set()
+    tb.join(10)
+    assert seen == {"a": "h2d", "a_after": "compute", "b": "comm", "b_after": "compute",
+                    "main_while_others_inside": "compute"}
+    assert sm.current() == "compute"
+
+
+def test_stream_manager_sim_handoff_takes_addresses_only(C):
+    import torch
+
+    from torch_renaissance import StreamManager
+
+    dev = C.SimDevice()
+    sm = StreamManager(sim=dev, arena=C.Arena(dev))
+    for bad in (torch.zeros(3), 1.5, True, "0x10"):
+        with pytest.raises(TypeError, match="handoff takes the int address"):
+            sm.handoff(bad, to="h2d")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -492,6 +493,66 @@ def test_nesting_deeper_than_the_limit_is_refused(tmp_path, build):
         with pytest.raises(ValueError, match=f"nested_{depth}.pickle: refusing") as info:
             T.load_snapshot(path)
         assert f"more than the {limit} allowed" in str(info.value)
+
+
+def _linked_first_filled_innermost_last(n):
+    # n + 1 empty lists memoized, then L[i + 1].append(L[i]) for i = n - 1 .. 0: every APPEND
+    # sees two empty-or-shallow lists, yet the result nests n + 1 deep (found by a tester:
+    # depths were raised only on the container filled, not on those already holding it).
+    get = lambda i: b"j" + struct.pack("<I", i)  # LONG_BINGET
+    links = b"".join(get(i + 1) + get(i) + b"a0" for i in range(n - 1, -1, -1))
+    return b"\x80\x04" + b"]\x940" * (n + 1) + links + get(n) + b"."
+
+
+@pytest.mark.parametrize("n", [3, 300, 30_000])
+def test_a_chain_linked_before_it_is_filled_is_refused(tmp_path, n):
+    path = tmp_path / "chain.pickle"
+    path.write_bytes(_linked_first_filled_innermost_last(n))
+    with pytest.raises(ValueError, match="chain.pickle: refusing to load: APPEND fills a "
+                                         "container that is already inside another one"):
+        T.load_snapshot(path)
+
+
+@pytest.mark.parametrize("make", ["self", "pair", "dict"])
+def test_cycles_are_refused(tmp_path, make):
+    a: list = []
+    if make == "self":
+        a.append(a)
+    elif make == "pair":
+        a.append([a])
+    else:
+        d: dict = {"k": []}
+        d["k"].append(d)
+        a = d
+    path = tmp_path / "cycle.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "x": a}, protocol=4))
+    with pytest.raises(ValueError, match="already inside another one"):
+        T.load_snapshot(path)
+
+
+def test_dup_of_a_container_is_refused_and_of_a_primitive_is_not(tmp_path):
+    # DUP: two stack copies of one list; fill one, put the other (depth 1 on record) inside
+    # a new list: the walk could no longer know the depth, so DUP of a container is refused.
+    path = tmp_path / "dup.pickle"
+    path.write_bytes(b"\x80\x02]2]a0\x85.")  # [] DUP [] APPEND POP TUPLE1
+    with pytest.raises(ValueError, match="refusing to load: DUP of a container"):
+        T.load_snapshot(path)
+    path.write_bytes(b"\x80\x02K\x052\x86.")  # 5 DUP TUPLE2 -> (5, 5): plain data
+    with pytest.raises(ValueError, match="not a PyTorch memory snapshot"):
+        T.load_snapshot(path)
+
+
+def test_shared_references_load_like_pickle_does(tmp_path):
+    # The same frames list under many blocks (a DAG, written once and read back with GET)
+    # is plain data: it loads, and equals what pickle.load builds.
+    frames = [{"filename": "a.py", "line": i, "name": "f"} for i in range(3)]
+    inner = [frames, frames, [frames]]
+    obj = {"segments": [], "device_traces": [], "x": [inner, inner, {"y": inner}]}
+    data = pickle.dumps(obj, protocol=4)
+    T._check_pickle_structure(data)
+    path = tmp_path / "shared.pickle"
+    path.write_bytes(data)
+    assert T.safe_pickle.safe_unpickle(path) == pickle.loads(data)
 
 
 def test_nesting_of_real_snapshots_is_far_below_the_limit(monkeypatch):
@@ -1168,6 +1229,65 @@ def test_export_rejects_bad_plans():
         T.to_snapshot(trace, offsets, segment_size=16)
     with pytest.raises(ValueError, match="integer"):
         T.to_snapshot(trace, [0.5] + list(offsets[1:]))
+
+
+def test_export_bounds_what_the_loader_reads_back(tmp_path):
+    # Found by a tester: device=2**40 built 2**40 empty lists (hang, then out of memory);
+    # base_address near 2**64 and negative streams wrote files load_snapshot refuses.
+    trace, offsets = _small_planned_trace()
+    with pytest.raises(ValueError, match="device 128 is past 127"):
+        T.to_snapshot(trace, offsets, device=128)
+    with pytest.raises(ValueError, match="device 1099511627776 is past 127"):
+        T.to_snapshot(trace, offsets, device=2**40)
+    size = T.to_snapshot(trace, offsets)["segments"][0]["total_size"]
+    with pytest.raises(ValueError, match="passes 2\\*\\*64"):
+        T.to_snapshot(trace, offsets, base_address=2**64 - size + 1)
+    with pytest.raises(ValueError, match="stream must be in"):
+        T.to_snapshot(trace, offsets, stream=-5)
+    # The edges themselves are exported and read back.
+    path = tmp_path / "edge.pickle"
+    T.save_snapshot(T.to_snapshot(trace, offsets, device=127, base_address=2**64 - size), path)
+    back = T.load_snapshot(path, device=127)
+    assert back.load_bytes() == trace.load_bytes() > 0
+    assert max(e.address + e.size for e in back.entries) <= 2**64
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({1.5: 2}, "dict keys are strings or 64-bit integers .*got 1.5"),
+    ({(1, 2): 3}, r"got \(1, 2\)"),
+    ({"y": {2**64: 1}}, "got 18446744073709551616"),
+    ({frozenset([1.0])}, "set elements"),
+])
+def test_save_snapshot_refuses_keys_the_loader_refuses(tmp_path, extra, needle):
+    # save_snapshot promises that load_snapshot reads its file back; the safe unpickler
+    # refuses float, tuple and oversized integer keys (they can share one hash).
+    trace, offsets = _small_planned_trace()
+    snap = dict(T.to_snapshot(trace, offsets), x=extra)
+    path = tmp_path / "keys.pickle"
+    with pytest.raises(ValueError, match=needle):
+        T.save_snapshot(snap, path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_snapshot_refuses_cycles_and_deep_nesting_and_keeps_shared_parts(tmp_path):
+    trace, offsets = _small_planned_trace()
+    snap = T.to_snapshot(trace, offsets)
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="without cycles"):
+        T.save_snapshot(dict(snap, x=loop), tmp_path / "a.pickle")
+    deep: list = []
+    cur = deep
+    for _ in range(T.safe_pickle.PICKLE_MAX_DEPTH - 1):  # 200 lists; in the snapshot: 201
+        cur.append([])
+        cur = cur[0]
+    with pytest.raises(ValueError, match="nests at most 200 containers deep"):
+        T.save_snapshot(dict(snap, x=deep), tmp_path / "a.pickle")
+    assert list(tmp_path.iterdir()) == []
+    shared = [{"filename": "a.py", "line": 1}]
+    ok = dict(snap, x=[shared, shared, deep[0][0]])  # a DAG: 1 + 1 + 198 lists, the limit
+    T.save_snapshot(ok, tmp_path / "b.pickle")
+    assert T.safe_pickle.safe_unpickle(tmp_path / "b.pickle")["x"][:2] == [shared, shared]
 
 
 def test_save_snapshot_refuses_objects(tmp_path):

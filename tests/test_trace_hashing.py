@@ -189,6 +189,25 @@ def test_segment_addresses_and_devices_are_bounded(tmp_path, segment, where, fie
         T.load_snapshot(path)
 
 
+@pytest.mark.parametrize("stream, needle", [(-7, "must be >= 0, got -7"),
+                                             (2**100, "must be < 2\\*\\*64")])
+@pytest.mark.parametrize("where", ["alloc", "segment"])
+def test_streams_are_bounded_like_the_other_integer_fields(tmp_path, stream, needle, where):
+    # A stream is a cudaStream_t as an integer; found by a tester: -7 and 2**100 were taken.
+    if where == "alloc":
+        snap = {"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": 0, "size": 512, "stream": stream}]]}
+        at = r"device_traces\[0\]\[0\]"
+    else:
+        snap = {"segments": [{"address": 0, "total_size": 512, "stream": stream,
+                              "blocks": []}], "device_traces": []}
+        at = r"segments\[0\]"
+    path = tmp_path / "streams.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    with pytest.raises(ValueError, match=rf"{at}: field 'stream' {needle}"):
+        T.load_snapshot(path)
+
+
 def test_addresses_sharing_hashes_within_64_bits_load_exactly(tmp_path):
     rng = random.Random(11)
     # 500 hash values, 8 addresses each (all of them below 2**64): 4,000 buffers.
@@ -300,3 +319,22 @@ def test_cli_plan_with_device_refuses_non_regular_files(tmp_path, capsys, device
         assert code == 2, err
         assert err.strip() == (f"torch-renaissance plan: {target}: not a regular file ({kind}); "
                                "a trace is a file"), err
+
+
+def test_unknown_actions_are_skipped_with_a_warning_and_all_unknown_is_an_error(tmp_path):
+    # Found by a tester: a file whose events were all mistyped ("Alloc") planned as 0 buffers
+    # with exit 0. A newer PyTorch may add actions, so a few unknown ones only warn.
+    ev = [{"action": "alloc", "addr": 0, "size": 512, "stream": 0},
+          {"action": "Alloc", "addr": 512, "size": 512, "stream": 0},
+          {"action": "free_completed", "addr": 0, "size": 512, "stream": 0}]
+    path = tmp_path / "typos.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [ev]}, protocol=4))
+    with pytest.warns(UserWarning, match=r"typos.pickle: device 0: 1 events with actions this "
+                                         r"loader does not know were skipped: 'Alloc'"):
+        tr = T.load_snapshot(path)
+    assert [(e.size, e.address) for e in tr.entries] == [(512, 0)]
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [
+        [dict(e, action=e["action"].upper()) for e in ev]]}, protocol=4))
+    with pytest.raises(ValueError, match=r"device_traces\[0\]: no event has an action PyTorch "
+                                         r"writes \(first: 'ALLOC'; known: alloc, "):
+        T.load_snapshot(path)

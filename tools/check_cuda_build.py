@@ -12,14 +12,13 @@ Run by ``make check-cuda`` (CI). Two steps:
    of ``tests/cuda_fake`` (host memory, busy streams, VMM reservations,
    fault injection) instead of libcudart, and its tests of ``CudaDevice``
    and of the Arena on it are run: they need no GPU.
-2. The torch CUDA glue (``csrc/torch/cuda_allocator.cpp``) and the bindings
-   (``csrc/python/bindings.cpp`` with ``TR_WITH_CUDA``,
-   ``csrc/python/cuda_bindings.cpp``) are compiled against the installed
-   torch's headers (a CPU wheel works: its missing generated
-   ``c10/cuda/impl/cuda_cmake_macros.h`` is stubbed in a build-local folder).
-   The glue is compiled to an object file whose exported C symbols (the
-   CUDAPluggableAllocator entry points) are checked; the bindings are
-   checked with ``-fsyntax-only``.
+2. The torch CUDA glue (every ``csrc/torch/cuda_*.cpp``; ``cuda_allocator.cpp``
+   lists them) and the bindings (``csrc/python/*.cpp`` with ``TR_WITH_CUDA``)
+   are compiled against the installed torch's headers (a CPU wheel works: its
+   missing generated ``c10/cuda/impl/cuda_cmake_macros.h`` is stubbed in a
+   build-local folder). The glue is compiled to object files whose exported C
+   symbols (the CUDAPluggableAllocator entry points) are checked; the
+   bindings are checked with ``-fsyntax-only``.
 3. The glue built against the installed torch is linked with the core, the
    fake CUDA runtime and a fake of the few libc10_cuda functions it calls
    (``tests/cuda_fake/fake_c10_cuda.cpp``), against the installed torch's
@@ -59,7 +58,16 @@ WARN = ["-Wall", "-Wextra"]
 # csrc/core/lock_order.h).
 DEBUG = ["-DTR_LOCK_ORDER_CHECK"]
 # Our CUDA files must be warning-free; the rest of the core is only compiled.
-STRICT = {"csrc/core/cuda_device.cpp", "csrc/core/lock_order.cpp", "csrc/torch/cuda_allocator.cpp",
+# The torch CUDA glue, one concept a file (setup.py builds the same set).
+GLUE = sorted(f"csrc/torch/{f}" for f in os.listdir(os.path.join(CSRC, "torch"))
+              if f.startswith("cuda_") and f.endswith(".cpp"))
+# The bindings whose code changes with TR_WITH_CUDA, syntax-checked with it
+# against torch's headers.
+BINDINGS = sorted(f"csrc/python/{f}" for f in os.listdir(os.path.join(CSRC, "python"))
+                  if f.endswith(".cpp") and (
+                      f.startswith("cuda_")
+                      or "TR_WITH_CUDA" in open(os.path.join(CSRC, "python", f)).read()))
+STRICT = {"csrc/core/cuda_device.cpp", "csrc/core/lock_order.cpp", *GLUE,
           "csrc/python/cuda_bindings.cpp", "tests/cuda_fake/fake_cuda.cpp",
           "tests/cuda_fake/test_cuda_device.cpp"}
 FAKE = ["tests/cuda_fake/fake_cuda.cpp", "tests/cuda_fake/test_cuda_device.cpp"]
@@ -255,18 +263,20 @@ def main(argv: list[str] | None = None) -> int:
         flags = [CXX, "-std=c++17", "-O0", "-fPIC", "-fvisibility=hidden", *WARN, *DEBUG, "-Werror",
                  *glue_defs, *inc_flags]
         tag = str(len(glue_objs))
-        obj = os.path.join(BUILD, f"cuda_allocator.{tag}.o")
-        glue_objs.append((obj, label))
-        jobs.append((obj, flags + ["-c", "csrc/torch/cuda_allocator.cpp", "-o", obj],
-                     f"compile csrc/torch/cuda_allocator.cpp against {label}"))
+        objs = []
+        for src in GLUE:
+            obj = os.path.join(BUILD, os.path.basename(src).replace(".cpp", f".{tag}.o"))
+            objs.append(obj)
+            jobs.append((obj, flags + ["-c", src, "-o", obj], f"compile {src} against {label}"))
+        glue_objs.append((objs, label))
         if label == "installed torch":
-            glue_test_objs = [obj]
+            glue_test_objs = list(objs)
             for src in FAKE_TORCH:
                 tobj = os.path.join(BUILD, os.path.basename(src).replace(".cpp", ".o"))
                 glue_test_objs.append(tobj)
                 jobs.append((tobj, flags + [f"-I{os.path.join(ROOT, 'tests', 'cuda_fake')}",
                                             "-c", src, "-o", tobj], f"compile {src}"))
-            for src in ("csrc/python/cuda_bindings.cpp", "csrc/python/bindings.cpp"):
+            for src in BINDINGS:
                 strict = flags if src in STRICT else [f for f in flags if f != "-Werror"]
                 jobs.append((None, strict + ["-fsyntax-only", src],
                              f"syntax-check {src} (TR_WITH_CUDA) against {label}"))
@@ -306,14 +316,15 @@ def main(argv: list[str] | None = None) -> int:
         if ok:
             results.append(run([exe], "run the torch glue's tests through PyTorch's CUDAAllocator "
                                "interface (fake CUDA)", timeout=300))
-    for obj, label in glue_objs:
-        if not os.path.exists(obj):
+    for objs, label in glue_objs:
+        objs = [obj for obj in objs if os.path.exists(obj)]
+        if not objs:
             continue
         nm = shutil.which("nm")
         if nm is None:
             results.append((True, "exported symbols: skipped (no nm)"))
             break
-        p = subprocess.run([nm, "-g", "--defined-only", obj], capture_output=True, text=True)
+        p = subprocess.run([nm, "-g", "--defined-only", *objs], capture_output=True, text=True)
         missing = [s for s in EXPORTED if f" T {s}" not in p.stdout]
         results.append((not missing, f"exported C symbols in the glue built against {label}: "
                         + ("ok" if not missing else f"MISSING {missing}")))

@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import runpy
+import stat
 import subprocess
 import sys
 from typing import List, Optional
@@ -320,6 +321,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plot:
         sampler = threading.Thread(target=_sampler, args=(rec, stop, 0.005), daemon=True)
         sampler.start()
+    parent = os.getpid()
     try:
         # --step-on names may live in the script's own modules: resolved
         # once the script's folder is importable, before it runs.
@@ -355,46 +357,57 @@ def cmd_run(args: argparse.Namespace) -> int:
         tr.install, tr.installer.install = originals
         if rec.boundary in stepmod.step_end_hooks:
             stepmod.step_end_hooks.remove(rec.boundary)
-        times = holder["steps"].times if holder["steps"] is not None else []
-        # CUDA: the device the script left current; nothing to report when
-        # the script never initialized CUDA.
-        used = [d for d in devices if tr.installer.active_arena(d) is not None]
-        if len(used) < len(devices):
-            print("torch-renaissance run: the script did not use CUDA; no CUDA report",
-                  file=sys.stderr)
-        # Step boundaries made by --step-on count too (the arena counts them).
-        reports = []
-        for d in used:
-            n = len(rec.boundaries)  # optimizer steps and --step-on calls
-            reason = None
-            if n == 0:
-                reason = ("no step boundary was seen: run makes each optimizer.step() one; for "
-                          "inference give --step-on (e.g. transformers.GenerationMixin.generate)")
-            rep = tr.stats.report(d, times, rec.earlier.get(d), reason)
-            rep["step_boundaries"] = n
-            if d in rec.where:  # at the last step boundary, not at exit (the program freed its tensors)
-                res, alloc, where = rec.where[d]
-                rep.update(reserved_bytes=res, allocated_bytes=alloc, territory_free_bytes=where["territory_free"],
-                           dynamic_cache_bytes=where["dynamic_cache"], persistent_free_bytes=where["persistent_free"])
-                rep["reserved_where"] = "last step boundary"
-                st = tr.memory_stats(d)
-                if rep["steady_peak_reserved_bytes"] is not None and rep["load_bytes"]:
-                    rep["above_load_bytes"] = rep["steady_peak_reserved_bytes"] - rep["load_bytes"]
-                    rep["plan_over_bound_bytes"] = max(0, st["renaissance.plan_bytes"] - st["renaissance.step_load_bytes"]
-                                                       - st["renaissance.obstacle_bytes"])
-            else:
-                rep["reserved_where"] = "exit"
-            reports.append(rep)
-        for rep in reports:
-            _print_report(rep, sys.stderr)
-        if report_file:
-            code = _write_report(report_file, reports[0] if len(reports) == 1 else reports,
-                                 code)
-        if args.plot and reports:
-            rec.sample()
-            plot_timeline(rec, args.plot, f"torch-renaissance run {module or os.path.basename(script)}",
-                          reports[0]["load_bytes"])
-            print(f"torch-renaissance run: memory over time drawn to {args.plot}", file=sys.stderr)
+        # A child the script forked (os.fork()) that returned or exited through SystemExit
+        # reports nothing: the report is the parent's, once.
+        if os.getpid() == parent:
+            code = _finish_run(tr, args, rec, holder, devices, report_file, code, module, script)
+    return code
+
+
+def _finish_run(tr, args, rec, holder, devices, report_file, code: int, module, script) -> int:
+    """Prints the report of every device the script used, writes ``--report`` and draws
+    ``--plot``; the exit code (2 when the script succeeded and the report could not be
+    written)."""
+    times = holder["steps"].times if holder["steps"] is not None else []
+    # CUDA: the device the script left current; nothing to report when
+    # the script never initialized CUDA.
+    used = [d for d in devices if tr.installer.active_arena(d) is not None]
+    if len(used) < len(devices):
+        print("torch-renaissance run: the script did not use CUDA; no CUDA report",
+              file=sys.stderr)
+    # Step boundaries made by --step-on count too (the arena counts them).
+    reports = []
+    for d in used:
+        n = len(rec.boundaries)  # optimizer steps and --step-on calls
+        reason = None
+        if n == 0:
+            reason = ("no step boundary was seen: run makes each optimizer.step() one; for "
+                      "inference give --step-on (e.g. transformers.GenerationMixin.generate)")
+        rep = tr.stats.report(d, times, rec.earlier.get(d), reason)
+        rep["step_boundaries"] = n
+        if d in rec.where:  # at the last step boundary, not at exit (the program freed its tensors)
+            res, alloc, where = rec.where[d]
+            rep.update(reserved_bytes=res, allocated_bytes=alloc, territory_free_bytes=where["territory_free"],
+                       dynamic_cache_bytes=where["dynamic_cache"], persistent_free_bytes=where["persistent_free"])
+            rep["reserved_where"] = "last step boundary"
+            st = tr.memory_stats(d)
+            if rep["steady_peak_reserved_bytes"] is not None and rep["load_bytes"]:
+                rep["above_load_bytes"] = rep["steady_peak_reserved_bytes"] - rep["load_bytes"]
+                rep["plan_over_bound_bytes"] = max(0, st["renaissance.plan_bytes"] - st["renaissance.step_load_bytes"]
+                                                   - st["renaissance.obstacle_bytes"])
+        else:
+            rep["reserved_where"] = "exit"
+        reports.append(rep)
+    for rep in reports:
+        _print_report(rep, sys.stderr)
+    if report_file:
+        code = _write_report(report_file, reports[0] if len(reports) == 1 else reports,
+                             code)
+    if args.plot and reports:
+        rec.sample()
+        plot_timeline(rec, args.plot, f"torch-renaissance run {module or os.path.basename(script)}",
+                      reports[0]["load_bytes"])
+        print(f"torch-renaissance run: memory over time drawn to {args.plot}", file=sys.stderr)
     return code
 
 
@@ -421,7 +434,10 @@ def _write_json(f, data, code: int, command: str = "run", flag: str = "--report"
     when ``code`` was 0 and the file could not be written (e.g. a full disk)."""
     try:
         with f:
-            if f.seekable():  # not /dev/stdout or a pipe
+            # A regular file is rewritten from its start. Not /dev/stdout, a pipe or a
+            # device: truncating /dev/full fails with EINVAL and would hide the ENOSPC
+            # that writing to it gives.
+            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 f.seek(0)
                 f.truncate()
             json.dump(data, f, indent=2)
@@ -555,6 +571,9 @@ def _plan_json(tr_, res) -> dict:
         "optimal": res.optimal,
         "stopped_by": res.stopped_by,
         "pytorch_reserved_bytes": tr_.pytorch_reserved_peak,
+        # What PyTorch held when the snapshot was taken: the only reserved number of a
+        # snapshot without segment events (its peak is then unknown).
+        "pytorch_reserved_at_dump_bytes": tr_.pytorch_reserved_at_dump,
         "plan_seconds": res.seconds,
     }
 
@@ -623,10 +642,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"buffers            {out['buffers']}")
     print(f"LOAD               {_mib(res.load_bytes)}  ({res.load_bytes} bytes)")
     print(f"greedy by size     {_mib(res.greedy_bytes)}{vs(res.greedy_bytes)}"
-          + ("" if res.greedy_bytes else "  (not finished within the budget)"))
+          + ("" if res.greedy_bytes is not None else "  (not finished within the budget)"))
     print(f"torch_renaissance  {_mib(res.plan_bytes)}{vs(res.plan_bytes)}  [{res.method}]"
           + ("  (optimal)" if res.optimal else ""))
-    print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
+    if tr_.pytorch_reserved_peak is None and tr_.pytorch_reserved_at_dump is not None:
+        dump = tr_.pytorch_reserved_at_dump
+        print(f"PyTorch reserved   {_mib(dump)}{vs(dump)}  (when the snapshot was taken; "
+              "no segment events, so no peak)")
+    else:
+        print(f"PyTorch reserved   {_mib(tr_.pytorch_reserved_peak)}{vs(tr_.pytorch_reserved_peak)}")
     print(f"planning time      {res.seconds:.3f} s  (stopped by: {_STOPPED[res.stopped_by]})")
     if args.png and not png_error:
         print(f"packing drawn to   {args.png}")
@@ -649,7 +673,8 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
         return None if any(v is None for v in vals) else sum(vals)
 
     totals = {k: total(k) for k in ("buffers", "load_bytes", "greedy_bytes", "plan_bytes",
-                                    "lower_bound_bytes", "pytorch_reserved_bytes", "plan_seconds")}
+                                    "lower_bound_bytes", "pytorch_reserved_bytes",
+                                    "pytorch_reserved_at_dump_bytes", "plan_seconds")}
     totals["optimal"] = all(o["optimal"] for o in per.values())
     if args.json:
         print(json.dumps({"devices": [{"device": d, **o} for d, o in per.items()], "total": totals}))
@@ -662,11 +687,17 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
     print(f"{'device':>8} {'buffers':>8} {'LOAD':>12} {'greedy':>9} {'plan':>12} {'plan/LOAD':>9} "
           f"{'PyTorch':>9} {'seconds':>8}")
     rows = [(str(d), o) for d, o in per.items()] + [("total", totals)]
+    at_dump = False
     for name, o in rows:
+        reserved, mark = o["pytorch_reserved_bytes"], " "
+        if reserved is None and o["pytorch_reserved_at_dump_bytes"] is not None:
+            reserved, mark, at_dump = o["pytorch_reserved_at_dump_bytes"], "*", True
         print(f"{name:>8} {o['buffers']:>8} {_mib(o['load_bytes']):>12} "
               f"{pct(o['greedy_bytes'], o['load_bytes']):>9} {_mib(o['plan_bytes']):>12} "
               f"{pct(o['plan_bytes'], o['load_bytes']):>9} "
-              f"{pct(o['pytorch_reserved_bytes'], o['load_bytes']):>9} {o['plan_seconds']:>8.3f}")
+              f"{pct(reserved, o['load_bytes']):>8}{mark} {o['plan_seconds']:>8.3f}")
+    if at_dump:
+        print("* PyTorch's reserved bytes when the snapshot was taken (no segment events, so no peak)")
     return 0
 
 
@@ -770,8 +801,9 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=_HelpFormatter)
     q.add_argument("trace", help="a PyTorch memory snapshot pickle or an id,lower,upper,size CSV file")
     q.add_argument("--budget", type=_budget, default=1.0,
-                   help="planning time budget in seconds of wall time (0-3600); the plan is the "
-                        "same on every machine unless the wall clock stopped the search")
+                   help="planning time budget in seconds of wall time (0-3600; default: 1.0); "
+                        "the plan is the same on every machine unless the wall clock stopped "
+                        "the search")
     q.add_argument("--device", type=_device, default=None, metavar="N|all",
                    help="the device of a multi-device PyTorch snapshot, or 'all' (one row per "
                         "device and the totals)")

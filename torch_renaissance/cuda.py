@@ -5,8 +5,8 @@ Two ways to use the arena for CUDA memory:
 * **Installed** (``torch_renaissance.install("cuda")`` before the first CUDA
   tensor): a C++ subclass of PyTorch's CUDA allocator interface
   (``c10::cuda::CUDACachingAllocator::CUDAAllocator``,
-  ``csrc/torch/cuda_allocator.cpp``) serves every CUDA tensor. PyTorch's own
-  APIs keep working and report our numbers: ``torch.cuda.memory_stats``,
+  ``csrc/torch/cuda_allocator.cpp`` and its neighbours ``cuda_*``) serves
+  every CUDA tensor. PyTorch's own APIs keep working and report our numbers: ``torch.cuda.memory_stats``,
   ``memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats``,
   ``torch.accelerator.memory_stats``, ``torch.cuda.memory._snapshot()`` and
   the memory viewer, ``cacheInfo`` (so ``torch.backends.cudnn.benchmark``

@@ -60,6 +60,11 @@ _INT64_MAX = (1 << 63) - 1
 _FORMAT = "torch_renaissance.memory_plan/1"
 
 
+#: Largest alignment accepted, in bytes (1 GiB; a CUDA VMM granule is 2 MiB). A larger one
+#: pads every slot to that many bytes: ``1 << 40`` would back a plan with terabytes.
+MAX_ALIGNMENT = 1 << 30
+
+
 def _align_up(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 
@@ -304,8 +309,12 @@ class MemoryPlan:
 
     Args:
         alignment: alignment of every slot and region offset, in bytes (a power
-            of two, at least 1, and at least the item size of every slot's
+            of two in ``[1, 2**30]``, and at least the item size of every slot's
             dtype). Default: 256.
+
+    Raises:
+        ValueError: ``alignment`` is not an integer (``2.5``, ``"256"``, ``True``), not a
+            power of two, or above :data:`MAX_ALIGNMENT`.
 
     Example::
 
@@ -317,9 +326,16 @@ class MemoryPlan:
     """
 
     def __init__(self, alignment: int = DEFAULT_ALIGNMENT) -> None:
-        alignment = int(alignment)
-        if alignment < 1 or alignment & (alignment - 1):
-            raise ValueError(f"alignment must be a power of two >= 1, got {alignment}")
+        given = alignment
+        try:  # ints and numpy integers; not 2.5, "256" or True
+            alignment = None if isinstance(given, bool) else operator.index(given)
+        except TypeError:
+            alignment = None
+        if alignment is None:
+            raise ValueError(f"alignment must be an integer number of bytes, got {given!r}")
+        if alignment < 1 or alignment & (alignment - 1) or alignment > MAX_ALIGNMENT:
+            raise ValueError(f"alignment must be a power of two in [1, 2**30] bytes, got "
+                             f"{alignment}")
         self.alignment = alignment
         self._regions: dict[str, Region] = {}
         self._finalized = False

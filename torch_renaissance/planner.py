@@ -6,6 +6,7 @@ search within a time budget; see docs/design.md).
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -33,10 +34,66 @@ def _ext():
     return extension()
 
 
+#: Sizes and offsets are bytes below 2**63 (the loaders' limit; the planner adds them in
+#: 64-bit integers), times are integers below 2**63.
+_LIMIT = 1 << 63
+
+
+def _whole(value, what: str, limit: int = _LIMIT) -> int:
+    """``value`` as an int in ``[0, limit)``; ValueError naming ``what`` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"planner: {what} must be an integer, not bool ({value!r})")
+    if not isinstance(value, int):
+        try:
+            value = operator.index(value)  # numpy integers; not floats or strings
+        except TypeError:
+            raise ValueError(f"planner: {what} must be an integer, not {type(value).__name__} "
+                             f"({value!r})") from None
+    if not 0 <= value < limit:
+        raise ValueError(f"planner: {what} is {value}; it must be in [0, 2**{limit.bit_length() - 1})")
+    return value
+
+
 def _columns(lifetimes: Sequence[Tuple[int, int, int]]) -> Tuple[List[int], List[int], List[int]]:
-    """``(size, lower, upper)`` rows as the extension's three columns."""
-    sizes, lowers, uppers = zip(*lifetimes) if lifetimes else ((), (), ())
-    return list(sizes), list(lowers), list(uppers)
+    """``(size, lower, upper)`` rows as the extension's three columns.
+
+    Raises:
+        ValueError: a row that is not three integers, a size outside ``[0, 2**63)``, or a
+            time outside ``[0, 2**63)``, naming the buffer's index. (``upper <= lower`` is
+            the extension's check, with the same wording.)
+    """
+    rows = list(lifetimes)
+    if all(type(r) is tuple and len(r) == 3 for r in rows):  # the fast path: plain ints
+        cols = ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        if all(not c or (set(map(type, c)) == {int} and min(c) >= 0 and max(c) < _LIMIT)
+               for c in cols):
+            return cols[0], cols[1], cols[2]
+    sizes: List[int] = []
+    lowers: List[int] = []
+    uppers: List[int] = []
+    for i, row in enumerate(rows):  # the slow path: convert, or name the first bad value
+        try:
+            size, lower, upper = row
+        except (TypeError, ValueError):
+            raise ValueError(f"planner: buffer {i}: expected (size, lower, upper), got {row!r}") from None
+        if isinstance(lower, int) and not isinstance(lower, bool) and lower < 0:
+            raise ValueError(f"planner: buffer {i}: negative lower time {lower}")
+        sizes.append(_whole(size, f"buffer {i}: size"))
+        lowers.append(_whole(lower, f"buffer {i}: lower time"))
+        uppers.append(_whole(upper, f"buffer {i}: upper time"))
+    return sizes, lowers, uppers
+
+
+def _seconds(value, what: str, allow_none: bool = False) -> float:
+    """A duration in seconds: a real number >= 0 (``math.inf`` allowed), not NaN."""
+    if value is None and allow_none:
+        return -1.0  # the extension's "same as the budget"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"planner: {what} must be a number of seconds, not "
+                         f"{type(value).__name__} ({value!r})")
+    if not value >= 0:  # also NaN
+        raise ValueError(f"planner: {what} is {value!r}; it must be >= 0 seconds")
+    return float(value)
 
 
 def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: float = 1.0,
@@ -48,12 +105,19 @@ def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: fl
     plan depends on the input alone, however slow the machine).
 
     Raises:
-        ValueError: a malformed buffer (``upper <= lower``, negative values),
-            naming its index.
+        ValueError: a malformed buffer (``upper <= lower``, negative or non-integer values,
+            a size of 2**63 or more), naming its index; a negative or non-integer ``seed``
+            (it must be below 2**64); a negative or NaN budget.
     """
-    r = _ext().plan(*_columns(lifetimes), budget_seconds=budget_seconds, seed=seed,
-                    clock_seconds=-1.0 if clock_seconds is None else clock_seconds)
-    return PlanResult(list(r["offsets"]), r["size"], r["load"], r["greedy_size"] or None,
+    columns = _columns(lifetimes)
+    budget = _seconds(budget_seconds, "budget_seconds")
+    clock = _seconds(clock_seconds, "clock_seconds", allow_none=True)
+    seed = _whole(seed, "seed", 1 << 64)
+    r = _ext().plan(*columns, budget_seconds=budget, seed=seed, clock_seconds=clock)
+    # The extension says 0 for "greedy did not finish"; with LOAD 0 (no buffers, or all of
+    # size 0) greedy's 0 is a result.
+    greedy = r["greedy_size"] if r["greedy_size"] or r["load"] == 0 else None
+    return PlanResult(list(r["offsets"]), r["size"], r["load"], greedy,
                       r["seconds"], r["method"], r["lower_bound"], r["optimal"], r["stopped_by"])
 
 
@@ -78,6 +142,13 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
 
 
 def validate(lifetimes: Sequence[Tuple[int, int, int]], offsets: Sequence[int]) -> Optional[str]:
-    """None if ``offsets`` never overlap two buffers live at once, else the first clash."""
-    msg = _ext().validate(*_columns(lifetimes), list(offsets))
+    """None if ``offsets`` never overlap two buffers live at once, else the first clash.
+
+    Raises:
+        ValueError: a malformed buffer (as :func:`plan_lifetimes`), or an offset that is
+            not an integer in ``[0, 2**64)``, naming its index.
+    """
+    columns = _columns(lifetimes)
+    offs = [_whole(o, f"offset {i}", 1 << 64) for i, o in enumerate(offsets)]
+    msg = _ext().validate(*columns, offs)
     return msg or None

@@ -192,14 +192,23 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         abbreviated: only the ``all`` rows (no per-pool breakdown).
 
     Returns:
-        The table as a string.
+        The table as a string; every line is as wide as the frame. Before
+        :func:`torch_renaissance.install` for ``device`` the numbers are 0 and the
+        title says so (as :func:`memory_stats`).
+
+    Raises:
+        RuntimeError: ``device`` is neither a CPU nor a CUDA device.
     """
     s = memory_stats(device)
-    width = 83
+    cell = 11  # _fmt's width: "1023.99 KiB", "      0 B  "
+    width = 1 + 33 + 2 + 4 * cell + 3 * 3 + 2
+    where = ("(torch_renaissance is not installed)" if _not_installed(device)
+             else str(get_arena(device).device))
     lines = ["=" * width,
-             f"|{' torch_renaissance memory summary, device ' + str(get_arena(device).device):<{width - 2}}|",
+             f"|{' torch_renaissance memory summary, device ' + where:<{width - 2}}|",
              "|" + "-" * (width - 2) + "|",
-             f"|{'Metric':<33}| {'Cur Usage':>10} | {'Peak Usage':>10} | {'Tot Alloc':>10} | {'Tot Freed':>10} |",
+             f"|{'Metric':<33}| " + " | ".join(f"{h:>{cell}}" for h in (
+                 "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")) + " |",
              "|" + "=" * (width - 2) + "|"]
     rows = [("Allocated memory", "allocated_bytes", True),
             ("Active memory", "active_bytes", True),
@@ -215,8 +224,8 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         for pool in pools:
             vals = [s[f"{key}.{pool}.{m}"] for m in ("current", "peak", "allocated", "freed")]
             name = title if pool == "all" else f"      from {pool.replace('_', ' ')}"
-            cells = [(_fmt(v) if is_bytes else f"{v:>10d}") for v in vals]
-            lines.append(f"|{name:<33}| " + " | ".join(f"{c:>10}" for c in cells) + " |")
+            cells = [(_fmt(v) if is_bytes else f"{v:>{cell}d}") for v in vals]
+            lines.append(f"|{name:<33}| " + " | ".join(f"{c:>{cell}}" for c in cells) + " |")
         lines.append("|" + "-" * (width - 2) + "|")
     planned = [
         ("Planned steps", f"{s['renaissance.planned_steps']} of {s['renaissance.steps']}"),

@@ -16,6 +16,7 @@ With a ``SimDevice`` (tests) the roles are simulated streams.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
@@ -47,12 +48,15 @@ class StreamManager:
                 raise ValueError("StreamManager(sim=...) needs the arena on that SimDevice")
             self.device = None
             self._streams = {"compute": 0, **{r: sim.new_stream() for r in ROLES[1:]}}
-            self._current = "compute"
+            # The innermost on() of each thread, as CUDA's current stream is per thread.
+            self._local = threading.local()
             return
         if device is None:
             acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
             device = acc if acc is not None else "cpu"
-        self.device = torch.device(device)
+        from torch_renaissance.installer import as_torch_device
+
+        self.device = as_torch_device(device)
         if self.device.type != "cpu" and self.device.index is None:
             self.device = torch.device(self.device.type, torch.accelerator.current_device_index())
         if arena is None:
@@ -89,11 +93,12 @@ class StreamManager:
         """Runs the enclosed work on ``role``'s stream; yields that stream."""
         s = self.stream(role)
         if self._sim is not None:
-            prev, self._current = self._current, role
+            prev = getattr(self._local, "role", "compute")
+            self._local.role = role
             try:
                 yield s
             finally:
-                self._current = prev
+                self._local.role = prev
         elif self.trivial:
             yield s
         else:
@@ -101,9 +106,10 @@ class StreamManager:
                 yield s
 
     def current(self) -> str:
-        """The role whose stream is current (SimDevice: the innermost ``on``)."""
+        """The role whose stream is current in this thread (SimDevice: the thread's
+        innermost ``on``; CUDA: the thread's current stream)."""
         if self._sim is not None:
-            return self._current
+            return getattr(self._local, "role", "compute")
         if self.trivial:
             return "compute"
         cur = torch.accelerator.current_stream(self.device.index)
@@ -129,10 +135,17 @@ class StreamManager:
 
         Returns:
             ``tensor``, for chaining.
+
+        Raises:
+            KeyError: an unknown role.
+            TypeError: with SimDevice, ``tensor`` is not an int address.
         """
         src = self.stream(from_ or self.current())
         dst = self.stream(to)
         if self._sim is not None:
+            if isinstance(tensor, bool) or not isinstance(tensor, int):
+                raise TypeError("StreamManager(sim=...).handoff takes the int address of an "
+                                f"arena allocation, not {type(tensor).__name__}")
             if src != dst:
                 ev = self._sim.create_event()
                 self._sim.record_event(ev, src)

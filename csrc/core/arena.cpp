@@ -23,6 +23,13 @@ std::string hex(const void* p) {
   return os.str();
 }
 
+// The error for a block a front holds cached (freed by its caller).
+InvalidPointerError freed_error(const char* what, const void* ptr) {
+  return InvalidPointerError(std::string("torch_renaissance: cannot ") + what + " " + hex(ptr) +
+                             ": the pointer lies in free memory of this arena (double free or " +
+                             "stale pointer)");
+}
+
 Device& checked(const std::shared_ptr<Device>& d) {
   if (!d) throw std::invalid_argument("Arena needs a device backend, got none");
   return *d;
@@ -33,6 +40,8 @@ Device& checked(const std::shared_ptr<Device>& d) {
 int expandable_class(PoolKind pool, bool persistent) {
   return persistent ? 3 : static_cast<int>(pool);
 }
+
+std::atomic<std::uint64_t> g_arena_serial{0};
 
 }  // namespace
 
@@ -45,7 +54,10 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
       ranges_ok_(device_->supports_address_ranges()),
       group_(std::move(group)),
       events_(*device_),
-      pending_(*device_, events_) {
+      pending_(*device_, events_),
+      serial_(++g_arena_serial),
+      fronts_enabled_(!group_),
+      registry_(std::make_shared<FrontRegistry>()) {
   if (unit_ == 0 || (unit_ & (unit_ - 1)) != 0) {
     throw std::invalid_argument("device alignment must be a power of two");
   }
@@ -69,9 +81,23 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
         std::to_string(config_.small_segment) + " bytes) a multiple of the alignment");
   }
   if (config_.planning) steps_ = std::make_unique<StepPlanner>(*this);
+  if (fronts_enabled_) {
+    // Fronts hold small-pool blocks only (a request the dynamic pool serves
+    // from the small pool outside steps), and never one the device refuses.
+    front_max_ = std::min(config_.small_size, std::size_t(1) << 20);
+    if (max_request_) front_max_ = std::min(front_max_, max_request_);
+    registry_->arena = this;
+    fronts_open_.store(true);
+  }
 }
 
 Arena::~Arena() {
+  {
+    // A thread that exits from now on has nothing to give back.
+    std::lock_guard<std::mutex> g(registry_->mu);
+    registry_->arena = nullptr;
+    registry_->alive.store(false);
+  }
   steps_.reset();
   for (auto& [base, seg] : segments_) {
     try {
@@ -133,6 +159,12 @@ void Arena::set_max_reserved_bytes(std::size_t bytes) {
 }
 
 void* Arena::allocate(std::size_t size, StreamId stream) {
+  if (size - 1 < front_max_) {  // 0 < size <= front_max_
+    if (void* p = front_allocate(size, stream)) {
+      if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+      return p;
+    }
+  }
   return allocate(size, stream, OomHooks{});
 }
 
@@ -144,8 +176,18 @@ const char* Arena::impossible(std::size_t size) const {
   return nullptr;
 }
 
+void Arena::check_stream(StreamId stream) const {
+  // Stream 0 is every backend's default stream; any other id is the
+  // backend's to vouch for (a SimDevice stream that new_stream() made).
+  if (stream != 0 && !device_->valid_stream(stream)) {
+    throw std::invalid_argument("torch_renaissance: allocation on stream " + std::to_string(stream) +
+                                ", which " + device_->name() + " does not have");
+  }
+}
+
 void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) {
   if (size == 0) return nullptr;
+  check_stream(stream);
   if (const char* why = impossible(size)) {
     Op g(*this);
     raise_oom_locked(size, why);  // the request, not a growth, is what cannot fit
@@ -185,12 +227,20 @@ void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) 
 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0 || impossible(size)) return nullptr;
+  check_stream(stream);
+  if (size <= front_max_) {
+    if (void* p = front_allocate(size, stream)) {
+      if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+      return p;
+    }
+  }
   Op g(*this);
   return allocate_locked(size, stream);
 }
 
 void* Arena::allocate_cached(std::size_t size, StreamId stream) {
   if (size == 0 || size > kMaxRequest) return nullptr;
+  check_stream(stream);
   Op g(*this);
   const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
   Block* b = find_free_locked(free_set(pool_for(rounded), false), stream, rounded,
@@ -218,13 +268,38 @@ void* Arena::allocate_locked(std::size_t size, StreamId stream) {
   if (!b) b = allocate_dynamic_locked(size, rounded, stream);
   if (!b) return nullptr;
   if (steps_) steps_->on_allocated(b);
+  if (fronts_open_.load(std::memory_order_relaxed) && front_eligible_locked(b)) {
+    // Held by this thread's front from now on: its free takes the fast path.
+    if (Front* f = my_front_locked()) {
+      FrontGuard fg(f->lock);
+      front_hold_live_locked(*f, b, size);
+    }
+  }
   return b->ptr;
 }
 
 void Arena::deallocate(void* ptr) {
   if (!ptr) return;
+  if (front_max_ && front_deallocate(ptr)) {
+    if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+    return;
+  }
   Op g(*this);
   Block* b = live_block_locked(ptr, "free");
+  if (Front* f = b->front) {
+    // Held by a front: the fast path missed (another thread frees it, a bin
+    // is full, the fronts are closed). Back into its holder's front if it
+    // can go there, else no longer held and freed below.
+    FrontGuard fg(f->lock);
+    if (!b->front_live) throw freed_error("free", ptr);
+    if (fronts_open_.load(std::memory_order_relaxed) && front_cache(*f, b)) return;
+    front_drop_locked(*f, b);
+  } else if (fronts_open_.load(std::memory_order_relaxed) && front_eligible_locked(b)) {
+    if (Front* mine = my_front_locked()) {
+      FrontGuard fg(mine->lock);
+      if (front_hold_freed_locked(*mine, b)) return;
+    }
+  }
   live_.erase(b->ptr);
   if (steps_) steps_->on_free(b);
   const PoolKind pool = b->segment->pool;
@@ -252,6 +327,12 @@ void Arena::record_stream(void* ptr, StreamId stream) {
                                 std::to_string(stream) + ", which " + device_->name() +
                                 " does not have");
   }
+  if (Front* f = b->front) {
+    // A block with a stream use never enters a front: its free must wait.
+    FrontGuard fg(f->lock);
+    if (!b->front_live) throw freed_error("record_stream on", ptr);
+    front_drop_locked(*f, b);
+  }
   b->uses.push_back(stream);
   if (steps_) steps_->on_record_stream(b, stream);
 }
@@ -278,8 +359,10 @@ void Arena::sync_point() {
 
 void Arena::set_capturing(bool capturing) {
   Op g(*this);
+  fronts_open_.store(false);
   flush_cache_locked();  // no cache during a capture (see cache_open_locked)
   capturing_ = capturing;
+  update_fronts_open_locked();
   if (capturing) return;
   if (demote_after_capture_) {
     // A demotion (or a lowering) asked for during the capture: the epoch
@@ -301,25 +384,51 @@ void Arena::begin_step(std::uint64_t key) {
   std::unique_ptr<StepPlanJob> job;
   {
     Op g(*this);
+    fronts_open_.store(false);  // closed through the step, holding nothing
+    fold_fronts_locked(/*release=*/true);
     flush_cache_locked();  // steps see the free space merged (no cache inside a step)
     if (steps_->in_step()) job = steps_->end_step();  // an open step ends first
   }
   finish_plan(std::move(job));
   Op g(*this);
+  fronts_open_.store(false);
   flush_cache_locked();
   steps_->begin_step(key);
+  update_fronts_open_locked();
 }
 
-void Arena::end_step() {
+void Arena::end_step() { end_step(false); }
+
+void Arena::end_step(bool checked) {
   std::unique_ptr<StepPlanJob> job;
   {
     Op g(*this);
+    if (checked && steps_ && !steps_->in_step()) {
+      throw std::logic_error(
+          "torch_renaissance: end_step() without an open step on this arena (call begin_step() "
+          "first); nothing was changed");
+    }
     flush_cache_locked();
     boundary_locked();
     if (steps_) job = steps_->end_step();
+    update_fronts_open_locked();
   }
   finish_plan(std::move(job));
 }
+
+void Arena::begin_step_checked(std::uint64_t key) {
+  if (!steps_) return;
+  Op g(*this);
+  if (steps_->in_step()) {
+    throw std::logic_error(
+        "torch_renaissance: begin_step() while a step is already open on this arena (steps do not "
+        "nest: call end_step() first); nothing was changed");
+  }
+  flush_cache_locked();  // as begin_step: no cache inside a step
+  steps_->begin_step(key);
+}
+
+void Arena::end_step_checked() { end_step(true); }
 
 void Arena::finish_plan(std::unique_ptr<StepPlanJob> job) {
   if (!job) return;
@@ -333,7 +442,10 @@ void Arena::finish_plan(std::unique_ptr<StepPlanJob> job) {
     throw;
   }
   Op g(*this);
-  flush_cache_locked();  // the territory's new line sees merged free blocks
+  // The territory's new line sees merged free blocks, and no front holds a
+  // block it may now cover.
+  fold_fronts_locked(/*release=*/true);
+  flush_cache_locked();
   steps_->install(std::move(job));
 }
 
@@ -366,11 +478,13 @@ StepRecord Arena::last_step() const {
 
 void Arena::reset_peak_stats() {
   std::lock_guard<std::mutex> g(mu_);
+  fold_fronts_locked(false);  // the books equal the true values: peak = current
   stats_.reset_peak();
 }
 
 void Arena::reset_accumulated_stats() {
   std::lock_guard<std::mutex> g(mu_);
+  fold_fronts_locked(false);  // what the fronts served before the reset is counted now
   stats_.reset_accumulated();
 }
 
@@ -489,6 +603,7 @@ Block* Arena::find_free_locked(FreeSet& set, StreamId stream, std::size_t rounde
          ++it, ++probes) {
       Block* b = *it;
       Segment* seg = b->segment;
+      if (oversize_split_locked(b, rounded)) continue;
       if (seg->mapped_bytes < seg->size) {
         const auto off = static_cast<std::size_t>(b->ptr - seg->base);
         const std::size_t need = unmapped_bytes_locked(seg, off, off + rounded);
@@ -560,6 +675,14 @@ void Arena::mark_allocated_locked(Block* b, std::size_t requested, StreamId stre
   b->stream = stream;
   const PoolKind pool = b->segment->pool;
   const auto size = static_cast<std::int64_t>(b->size);
+  if (would_pass_peak_locked(b->size, requested, pool)) {
+    // A new peak: the books must equal the true values first (the fronts'
+    // slack would be counted in it). b is marked in use, so the freed
+    // blocks do not merge into it.
+    ++b->segment->live;
+    fold_fronts_locked(false);
+    --b->segment->live;
+  }
   stats_.add(stats_.allocation, pool, 1);
   stats_.add(stats_.allocated_bytes, pool, size);
   stats_.add(stats_.requested_bytes, pool, static_cast<std::int64_t>(requested));
@@ -787,9 +910,12 @@ std::size_t Arena::unmap_granules_locked(Segment* seg, std::size_t first, std::s
   return released;
 }
 
-Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded) {
+Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded,
+                                  bool exact) {
   std::size_t bytes;
-  if (pool == PoolKind::kSmall) {
+  if (exact) {
+    bytes = round_up(rounded, config_.round_large);
+  } else if (pool == PoolKind::kSmall) {
     bytes = config_.small_segment;
   } else if (rounded < config_.min_large_alloc) {
     bytes = config_.large_segment;
@@ -797,6 +923,7 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
     bytes = round_up(rounded, config_.round_large);
   }
   bytes = std::max(bytes, rounded);  // a segment always holds the request
+  release_free_segments_for_locked(bytes);
   if (over_limit_locked(bytes) && pool == PoolKind::kLarge) bytes = rounded;  // last resort: exact
   if (over_limit_locked(bytes)) return nullptr;
   void* p = device_->reserve(bytes);
@@ -819,6 +946,47 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   stats_.add(stats_.reserved_bytes, pool, static_cast<std::int64_t>(bytes));
   index_free_locked(b);
   return raw;
+}
+
+void Arena::release_free_segments_for_locked(std::size_t bytes) {
+  // Fixed segments' form of recycle_first_locked: under a limit, a new
+  // segment that would raise the reserved peak while wholly free segments
+  // are cached (none of which served the request) gives those back first,
+  // largest first and only as many as it takes (issue 11 item 2). Without a
+  // limit, PyTorch's behaviour: the cache stays until empty_cache or the
+  // out-of-memory ladder.
+  if (!config_.max_reserved_bytes || capturing_) return;
+  auto over = [&] {
+    return stats_.reserved_bytes[0].current + static_cast<std::int64_t>(bytes) >
+           stats_.reserved_bytes[0].peak;
+  };
+  if (!over()) return;
+  std::vector<Segment*> free_segs;
+  for (auto& [base, seg] : segments_) {
+    if (!seg->expandable && seg->wholly_free() && !is_territory_locked(seg.get())) {
+      free_segs.push_back(seg.get());
+    }
+  }
+  std::sort(free_segs.begin(), free_segs.end(),
+            [](const Segment* a, const Segment* b) { return a->size > b->size; });
+  for (Segment* seg : free_segs) {
+    if (!over()) break;
+    release_segment_locked(seg);
+  }
+}
+
+bool Arena::oversize_split_locked(const Block* b, std::size_t rounded) const {
+  // PyTorch's max_split_size_mb, applied under a limit: a wholly free fixed
+  // segment made for a large request (above large_segment) is not split for
+  // a request of less than half of it. The small blocks would pin it: its
+  // free rest could serve no request as large as the one it was made for,
+  // and it could never be given back (issue 11 item 2: #35901's 16 MiB
+  // blocks splitting a cached 3.2 GiB segment). The request grows a segment
+  // of its own instead (the wholly free one is given back first when the
+  // peak would rise, release_free_segments_for_locked).
+  const Segment* seg = b->segment;
+  return config_.max_reserved_bytes && !seg->expandable && seg->pool == PoolKind::kLarge &&
+         !b->prev && !b->next && b->size > config_.large_segment && rounded <= b->size / 2;
 }
 
 std::size_t Arena::release_free_granules_locked(Segment* seg, std::size_t keep_lo,
@@ -890,6 +1058,9 @@ void Arena::release_segment_locked(Segment* seg) {
     if (!seg->expandable) ++stats_.num_device_free;  // unmapping counted its runs
   }
   if (is_territory_locked(seg)) territory_.erase(seg->stream);
+  if (auto it = outgrown_.find(seg->stream); it != outgrown_.end() && it->second == seg) {
+    outgrown_.erase(it);
+  }
   char* const base = seg->base;
   const std::size_t capacity = seg->capacity;
   const bool expandable = seg->expandable;
@@ -1108,12 +1279,22 @@ bool Arena::cache_block_locked(Block* b) {
 }
 
 void Arena::flush_cache_locked() {
+  fold_fronts_locked(false);
   if (!cache_blocks_) return;
   for (CacheBin& bin : cache_) flush_bin_locked(bin);
 }
 
 bool Arena::flush_cache_locked(StreamId stream, int cls) {
   bool any = false;
+  if (cls == expandable_class(PoolKind::kSmall, false)) {
+    // What a front caches for this stream may merge into a fit too.
+    for (const auto& f : fronts_) {
+      FrontGuard fg(f->lock);
+      bool mine = false;
+      for (const Front::Bin& bin : f->bins) mine |= bin.count && bin.stream == stream;
+      if (mine) any |= fold_front_locked(*f, false);
+    }
+  }
   if (!cache_blocks_) return any;
   for (CacheBin& bin : cache_) {
     if (bin.count && bin.stream == stream && bin.cls == cls) {
@@ -1148,7 +1329,281 @@ void Arena::flush_cache() {
 
 Arena::CacheInfo Arena::cache_info() const {
   std::lock_guard<std::mutex> g(mu_);
-  return {cache_bytes_, cache_blocks_};
+  CacheInfo info{cache_bytes_, cache_blocks_};
+  for (const auto& f : fronts_) {
+    FrontGuard fg(f->lock);
+    info.bytes += f->cached_bytes;
+    info.blocks += f->cached_blocks;
+  }
+  return info;
+}
+
+
+// ---------------------------------------------------------------------------
+// per-thread front (arena.h: "Per-thread front"; free_cache.h)
+// ---------------------------------------------------------------------------
+
+void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
+  Front* f = front_tls::find(serial_);
+  if (!f) return nullptr;
+  const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
+  FrontGuard g(f->lock);
+  if (!f->cached_blocks || !fronts_open_.load(std::memory_order_relaxed)) return nullptr;
+  std::size_t i = Front::bin_home(rounded, stream);
+  for (std::size_t probe = 0; probe < Front::kProbes; ++probe, i = (i + 1) % Front::kBins) {
+    Front::Bin& bin = f->bins[i];
+    if (bin.count == 0 || bin.size != rounded || bin.stream != stream) continue;
+    for (std::size_t k = bin.count; k-- > 0;) {  // last in, first out
+      Block* b = bin.blocks[k];
+      // Only within the block's booked size, so the true requested bytes
+      // never pass the books (and their peak); a smaller request is booked
+      // at the next fold (the dirty list).
+      if (b->requested < size) continue;
+      if (b->requested != size) {
+        if (f->dirty_count == Front::kDirty) continue;
+        f->dirty[f->dirty_count++] = b;
+      }
+      bin.blocks[k] = bin.blocks[--bin.count];
+      --f->cached_blocks;
+      f->cached_bytes -= b->size;
+      b->front_live = true;
+      b->front_req = size;
+      const auto bytes = static_cast<std::int64_t>(b->size);
+      ++f->acc.allocs;
+      f->acc.alloc_bytes += bytes;
+      f->acc.req_alloc += static_cast<std::int64_t>(size);
+      return b->ptr;
+    }
+    return nullptr;
+  }
+  return nullptr;
+}
+
+bool Arena::front_deallocate(void* ptr) noexcept {
+  Front* f = front_tls::find(serial_);
+  if (!f) return false;
+  FrontGuard g(f->lock);
+  if (!fronts_open_.load(std::memory_order_relaxed)) return false;
+  Block* b = f->held.find(ptr);
+  // Not held here, or freed already: the slow path finds out which.
+  if (!b || !b->front_live) return false;
+  return front_cache(*f, b);
+}
+
+bool Arena::front_cache(Front& f, Block* b) noexcept {
+  if (f.cached_bytes + b->size > Front::kMaxBytes) return false;
+  const std::uint64_t stream = b->stream;
+  Front::Bin* target = nullptr;
+  std::size_t i = Front::bin_home(b->size, stream);
+  for (std::size_t probe = 0; probe < Front::kProbes; ++probe, i = (i + 1) % Front::kBins) {
+    Front::Bin& bin = f.bins[i];
+    if (bin.count && bin.size == b->size && bin.stream == stream) {
+      target = bin.count < Front::kDepth ? &bin : nullptr;
+      break;
+    }
+    if (bin.count == 0 && !target) target = &bin;
+  }
+  if (!target) return false;
+  if (target->count == 0) {
+    target->size = b->size;
+    target->stream = stream;
+  }
+  target->blocks[target->count++] = b;
+  ++f.cached_blocks;
+  f.cached_bytes += b->size;
+  b->front_live = false;
+  ++f.acc.frees;
+  f.acc.free_bytes += static_cast<std::int64_t>(b->size);
+  f.acc.req_free += static_cast<std::int64_t>(b->front_req);
+  return true;
+}
+
+Front* Arena::my_front_locked() {
+  if (Front* f = front_tls::find(serial_)) return f;
+  if (!fronts_enabled_) return nullptr;
+  auto f = std::make_shared<Front>();
+  f->arena_serial = serial_;
+  f->registry = registry_;
+  fronts_.push_back(f);
+  if (!front_tls::adopt(f)) {  // the thread is exiting
+    fronts_.pop_back();
+    return nullptr;
+  }
+  return fronts_.back().get();
+}
+
+bool Arena::front_eligible_locked(const Block* b) const {
+  const Segment* seg = b->segment;
+  return b->size <= front_max_ && seg->pool == PoolKind::kSmall && !seg->persistent &&
+         !seg->retire && !b->planned && !seg->in_territory(b) && b->uses.empty() &&
+         b->step == 0 && b->stream == seg->stream;
+}
+
+void Arena::front_hold_live_locked(Front& f, Block* b, std::size_t requested) {
+  try {
+    f.held.insert(b->ptr, b);
+  } catch (const std::bad_alloc&) {
+    return;  // not held: its free takes the slow path
+  }
+  b->front = &f;
+  b->front_live = true;
+  b->front_req = requested;  // == b->requested: booked exactly
+}
+
+bool Arena::front_hold_freed_locked(Front& f, Block* b) {
+  try {
+    f.held.insert(b->ptr, b);
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  b->front = &f;
+  b->front_live = true;
+  b->front_req = b->requested;
+  // The free is counted in the front's counters: the books keep the block
+  // allocated until the next fold.
+  if (front_cache(f, b)) return true;
+  f.held.erase(b->ptr);
+  b->front = nullptr;
+  b->front_live = false;
+  return false;
+}
+
+void Arena::front_drop_locked(Front& f, Block* b) {
+  // What the front served of b is in its counters (booked at its next
+  // fold); from now on the books count b's caller's size, as its free will.
+  b->requested = b->front_req;
+  b->front = nullptr;
+  b->front_live = false;
+  f.held.erase(b->ptr);
+}
+
+bool Arena::fold_front_locked(Front& f, bool release) {
+  if (f.acc.any()) {
+    const Front::Counters& c = f.acc;
+    auto apply = [](StatArray& a, std::int64_t up, std::int64_t down) {
+      // The net change is never positive (the books are never below the
+      // true values), so no peak moves.
+      for (int i : {0, static_cast<int>(PoolKind::kSmall)}) {
+        a[i].current += up - down;
+        a[i].allocated += up;
+        a[i].freed += down;
+      }
+    };
+    apply(stats_.allocation, c.allocs, c.frees);
+    apply(stats_.active, c.allocs, c.frees);
+    apply(stats_.allocated_bytes, c.alloc_bytes, c.free_bytes);
+    apply(stats_.active_bytes, c.alloc_bytes, c.free_bytes);
+    apply(stats_.requested_bytes, c.req_alloc, c.req_free);
+    f.acc = {};
+  }
+  for (std::size_t k = 0; k < f.dirty_count; ++k) {
+    Block* b = f.dirty[k];
+    if (b->front == &f && b->front_live) b->requested = b->front_req;
+  }
+  f.dirty_count = 0;
+  const bool freed = f.cached_blocks != 0;
+  if (freed) {
+    for (Front::Bin& bin : f.bins) {
+      while (bin.count) {
+        Block* b = bin.blocks[--bin.count];
+        f.held.erase(b->ptr);
+        b->front = nullptr;
+        b->front_live = false;
+        // Already freed in the books by the fold above: only the block.
+        live_.erase(b->ptr);
+        --b->segment->live;
+        b->state = BlockState::kFree;
+        b->requested = 0;
+        b->seq = -1;
+        merge_free_locked(b);  // may release a retired segment it empties
+      }
+    }
+    f.cached_blocks = 0;
+    f.cached_bytes = 0;
+  }
+  if (release) {
+    for (auto [ptr, b] : f.held) {
+      b->front = nullptr;
+      b->front_live = false;
+    }
+    f.held = LiveMap();
+  }
+  return freed;
+}
+
+bool Arena::fold_fronts_locked(bool release) {
+  if (fronts_.empty()) return false;
+  // Every front locked at once: the books then equal the true values at one
+  // instant, which is where the operation that asked for the fold happens.
+  for (const auto& f : fronts_) f->lock.lock();
+  bool freed = false;
+  for (const auto& f : fronts_) freed |= fold_front_locked(*f, release);
+  for (auto it = fronts_.rbegin(); it != fronts_.rend(); ++it) (*it)->lock.unlock();
+  return freed;
+}
+
+void Arena::set_fronts(bool on) {
+  Op g(*this);
+  fronts_wanted_ = on;
+  update_fronts_open_locked();
+}
+
+void Arena::update_fronts_open_locked() {
+  const bool open = fronts_enabled_ && fronts_wanted_ && cache_open_locked();
+  if (!open) {
+    fronts_open_.store(false);
+    fold_fronts_locked(false);  // nothing a front served stays unbooked while closed
+  } else {
+    fronts_open_.store(true);
+  }
+}
+
+bool Arena::would_pass_peak_locked(std::size_t size, std::size_t requested, PoolKind pool) const {
+  if (fronts_.empty() || !fronts_open_.load(std::memory_order_relaxed)) return false;
+  // Only the small pool's and the all-pools' values carry fronts' slack.
+  const auto sz = static_cast<std::int64_t>(size);
+  const auto rq = static_cast<std::int64_t>(requested);
+  auto over = [](const Stat& s, std::int64_t d) { return s.current + d > s.peak; };
+  for (int i : {0, static_cast<int>(PoolKind::kSmall)}) {
+    if (i != 0 && pool != PoolKind::kSmall) break;
+    if (over(stats_.allocation[i], 1) || over(stats_.active[i], 1) ||
+        over(stats_.allocated_bytes[i], sz) || over(stats_.active_bytes[i], sz) ||
+        over(stats_.requested_bytes[i], rq)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Arena::retire_front(Front& f) {
+  // Not an Op: this runs in a thread-local destructor, after other
+  // thread-locals (the lock-order checker's list of held locks) may already
+  // be gone. No stats group here (fronts are off in one), so nothing to publish.
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = fronts_.begin(); it != fronts_.end(); ++it) {
+    if (it->get() != &f) continue;
+    {
+      FrontGuard fg(f.lock);
+      fold_front_locked(f, /*release=*/true);
+    }
+    fronts_.erase(it);
+    return;
+  }
+}
+
+std::size_t Arena::front_count() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return fronts_.size();
+}
+
+void Arena::lock_for_fork() {
+  mu_.lock();
+  for (const auto& f : fronts_) f->lock.lock();
+}
+
+void Arena::unlock_after_fork() {
+  for (auto it = fronts_.rbegin(); it != fronts_.rend(); ++it) (*it)->lock.unlock();
+  mu_.unlock();
 }
 
 // ---------------------------------------------------------------------------
@@ -1303,6 +1758,7 @@ bool Arena::promote_locked(Segment* seg, std::size_t top) {
       [&](Block* b, std::size_t first) { split_locked(b, first); },
       [&](Block* a) { absorb_next_locked(a); });
   territory_[seg->stream] = seg;
+  outgrown_.erase(seg->stream);
   adopt_territory_pending_locked();
   return true;
 }
@@ -1320,6 +1776,7 @@ bool Arena::demote_locked(Segment* seg) {
       [&](Block* b, std::size_t first) { split_locked(b, first); },
       [&](Block* a) { absorb_next_locked(a); });
   territory_.erase(seg->stream);
+  if (!seg->expandable) outgrown_[seg->stream] = seg;  // the next layout's first candidate
   if (seg->retire && seg->live == 0) release_segment_locked(seg);
   return true;
 }
@@ -1350,17 +1807,44 @@ Segment* Arena::territory_segment_locked(StreamId stream, std::size_t top) {
       return promote_locked(seg, top) ? seg : nullptr;
     }
   }
-  // Fixed segments: a dedicated segment holds the territory.
+  // Fixed segments: a dedicated segment holds the territory. The one a
+  // step outgrew (demoted mid-step, its memory in the dynamic pool since)
+  // is the first candidate: a new layout takes it back when it is large
+  // enough and nothing allocated outside a step (held for good) lies under
+  // the new line, instead of holding a second segment beside it. What a
+  // step left live there is mostly its live-outs (gradients), which die
+  // early in the next step; a placement that meets one falls back (the
+  // overlap check), and one that stays makes conflicts that re-plan around
+  // it as an obstacle.
   Segment* old = territory_of_locked(stream);
-  if (old && !old->expandable && old->size >= top) {
+  if (!old) {
+    if (auto it = outgrown_.find(stream); it != outgrown_.end()) old = it->second;
+  }
+  auto free_enough = [](const Segment* seg, std::size_t line) {
+    for (const Block* b = seg->head; b && b->ptr < seg->base + line; b = b->next) {
+      if (b->state != BlockState::kFree && b->step == 0) return false;
+    }
+    return true;
+  };
+  if (old && !old->expandable && old->size >= top &&
+      (is_territory_locked(old) || free_enough(old, top))) {
     return promote_locked(old, top) ? old : nullptr;
   }
+  // Sized to the layout (in round_large steps), not to a large segment's
+  // minimum: a 3 MiB plan holding 10 MiB was most of item 5's excess. A
+  // layout that outgrew its segment gets 1.5x the old size when that is
+  // more, so that lengths growing step by step re-make it a few times, not
+  // every other step.
+  std::size_t bytes = top;
   if (old) {
+    bytes = std::max(bytes, old->size + old->size / 2);
     if (!demote_locked(old)) return nullptr;
-    old->retire = true;
+    outgrown_.erase(stream);
+    old->retire = true;  // released once wholly free (now, or when its last block goes)
     if (old->live == 0) release_segment_locked(old);
   }
-  Segment* seg = new_segment_locked(PoolKind::kLarge, stream, std::max(top, config_.min_large_alloc));
+  Segment* seg = new_segment_locked(PoolKind::kLarge, stream, bytes, /*exact=*/true);
+  if (!seg && bytes > top) seg = new_segment_locked(PoolKind::kLarge, stream, top, /*exact=*/true);
   if (seg && !promote_locked(seg, top)) return nullptr;
   return seg;
 }
@@ -1413,6 +1897,10 @@ Block* Arena::live_block_locked(const void* ptr, const char* what) const {
     throw InvalidPointerError(std::string("torch_renaissance: cannot ") + what + " " +
                               describe_pointer_locked(ptr));
   }
+  if (Front* f = b->front) {
+    FrontGuard fg(f->lock);
+    if (!b->front_live) throw freed_error(what, ptr);  // cached by a front: freed
+  }
   return b;
 }
 
@@ -1456,6 +1944,12 @@ void Arena::check_invariants() const {
   check_invariants_locked();
 }
 
+void Arena::debug_check_fast_path() const noexcept {
+  // TR_DEBUG=3: a front's operation is an operation too (no Op around it).
+  std::lock_guard<std::mutex> g(mu_);
+  debug_check_locked();
+}
+
 void Arena::debug_check_locked() const noexcept {
   debug::count_invariant_check();
   try {
@@ -1488,6 +1982,53 @@ void Arena::check_invariants_locked() const {
   }
   if (cached.size() != cache_blocks_ || cached_bytes != cache_bytes_) fail("free cache totals are wrong");
   std::size_t cached_seen = 0;
+  // The fronts, all locked (free_cache.h): what each holds, and what their
+  // counters add to the books (the true values are checked, without a fold).
+  struct AllFronts {
+    const std::vector<std::shared_ptr<Front>>& v;
+    explicit AllFronts(const std::vector<std::shared_ptr<Front>>& fronts) : v(fronts) {
+      for (const auto& f : v) f->lock.lock();
+    }
+    ~AllFronts() {
+      for (auto it = v.rbegin(); it != v.rend(); ++it) (*it)->lock.unlock();
+    }
+  } all_fronts(fronts_);
+  std::int64_t net_n = 0, net_bytes = 0, net_req = 0;
+  std::size_t held_seen = 0, held_total = 0;
+  for (const auto& f : fronts_) {
+    net_n += f->acc.allocs - f->acc.frees;
+    net_bytes += f->acc.alloc_bytes - f->acc.free_bytes;
+    net_req += f->acc.req_alloc - f->acc.req_free;
+    if (!fronts_open_.load() && (f->acc.any() || f->cached_blocks)) fail("a closed front holds unfolded work");
+    std::size_t n = 0, bytes = 0;
+    for (const Front::Bin& bin : f->bins) {
+      if (bin.count > Front::kDepth) fail("a front bin overflows");
+      for (std::size_t i = 0; i < bin.count; ++i) {
+        const Block* b = bin.blocks[i];
+        if (b->front != f.get() || b->front_live || f->held.find(b->ptr) != b ||
+            b->size != bin.size || b->stream != bin.stream) {
+          fail("a front bin holds a block it does not hold cached, or of another size or stream");
+        }
+        ++n;
+        bytes += b->size;
+      }
+    }
+    if (n != f->cached_blocks || bytes != f->cached_bytes) fail("front cache totals are wrong");
+    for (auto [ptr, b] : f->held) {
+      ++held_total;
+      const Segment* seg = b->segment;
+      if (b->front != f.get() || b->ptr != ptr || b->state != BlockState::kAllocated ||
+          live_.find(ptr) != b || seg->pool != PoolKind::kSmall || seg->persistent ||
+          b->planned || seg->in_territory(b) || !b->uses.empty() || b->step != 0) {
+        fail("a front holds a block that is not an allocated small-pool block linked to it");
+      }
+      if (b->front_live && b->front_req > b->requested) fail("a front served more than a block's booked size");
+      if (b->front_live && b->front_req != b->requested &&
+          std::find(f->dirty, f->dirty + f->dirty_count, b) == f->dirty + f->dirty_count) {
+        fail("a block served below its booked size is not on its front's dirty list");
+      }
+    }
+  }
   for (const auto& [base, seg] : segments_) {
     if (seg->size == 0) {
       if (seg->head) fail("an empty segment has blocks");
@@ -1554,7 +2095,20 @@ void Arena::check_invariants_locked() const {
         ++seg_live;
         active += size;
         ++active_n;
-        if (b->state == BlockState::kAllocated) {
+        if (b->state == BlockState::kAllocated && b->front) {
+          // Held by a front: its true state (cached: freed).
+          ++held_seen;
+          ++live;
+          if (live_.find(b->ptr) != b) fail("allocated block missing from the live map");
+          if (b->front_live) {
+            allocated += size;
+            ++allocated_n;
+            requested += static_cast<std::int64_t>(b->front_req);
+          } else {
+            active -= size;
+            --active_n;
+          }
+        } else if (b->state == BlockState::kAllocated) {
           allocated += size;
           ++allocated_n;
           requested += static_cast<std::int64_t>(b->requested);
@@ -1577,11 +2131,14 @@ void Arena::check_invariants_locked() const {
   }
   if (live != live_.size()) fail("live map has entries without blocks");
   if (cached_seen != cached.size()) fail("a cache bin holds a block of no segment");
+  if (held_seen != held_total) fail("a front holds a block of no segment");
   const auto& s = stats_;
-  if (s.allocated_bytes[0].current != allocated) fail("allocated_bytes disagrees with the blocks");
-  if (s.allocation[0].current != allocated_n) fail("allocation count disagrees with the blocks");
-  if (s.requested_bytes[0].current != requested) fail("requested_bytes disagrees with the blocks");
-  if (s.active_bytes[0].current != active || s.active[0].current != active_n) fail("active disagrees with the blocks");
+  if (s.allocated_bytes[0].current + net_bytes != allocated) fail("allocated_bytes disagrees with the blocks");
+  if (s.allocation[0].current + net_n != allocated_n) fail("allocation count disagrees with the blocks");
+  if (s.requested_bytes[0].current + net_req != requested) fail("requested_bytes disagrees with the blocks");
+  if (s.active_bytes[0].current + net_bytes != active || s.active[0].current + net_n != active_n) {
+    fail("active disagrees with the blocks");
+  }
   if (s.reserved_bytes[0].current != reserved) fail("reserved_bytes disagrees with the segments");
   if (s.segment[0].current != segments) fail("segment count disagrees");
   if (s.inactive_split_bytes[0].current != inactive || s.inactive_split[0].current != inactive_n) {

@@ -35,6 +35,17 @@
 //
 // Under a limit, a growth (or a mapping of holes) that would raise the
 // reserved peak while the pool caches free granules unmaps those first.
+// Fixed segments under a limit: a new segment that would raise the peak
+// gives back wholly free segments first, and a wholly free segment larger
+// than large_segment is not split for a request of less than half of it
+// (PyTorch's max_split_size_mb, applied automatically; issue 11 item 2).
+//
+// Fixed segments and planned steps (issue 11 item 5): the territory is a
+// segment of its own, sized to the layout in round_large steps (1.5x the
+// old one when a layout outgrew it). A step that outgrows its layout hands
+// it to the dynamic pool; the next layout takes that segment back when it
+// is large enough and holds nothing allocated outside a step under the new
+// line; otherwise it is retired (given back once wholly free).
 //
 // Out of memory: one ladder per failed request, in allocate() (PyTorch's
 // malloc): the cheap attempt (try_allocate: free lists, completed stream
@@ -61,6 +72,25 @@
 // snapshots, every current stat and the fit guarantee below see the same
 // free space as without it (only inactive_split's peak may differ).
 //
+// Per-thread front (issue 14; free_cache.h, docs/design.md): in front of
+// all of the above, each thread that uses an arena without a stats group has
+// a front of its own, reached without the arena's lock. A block of the small
+// pool that a thread was given outside a step (no stream use, not planned,
+// not in territory) is *held* by that thread's front: the front finds it by
+// address when the thread frees it, and keeps it in a per-(stream, size) bin
+// to hand out again, all under the front's own lock. Held blocks stay
+// allocated in the arena's books (state, live map, every stat); what the
+// front served since the last *fold* is in its counters, and a fold adds
+// those to the books and gives the cached blocks back (merged). Folds: every
+// flush of the free cache (so every point listed above), stats(),
+// reset_peak_stats(), reset_accumulated_stats(), a step boundary or capture
+// (the fronts are closed inside steps and captures), thread exit (the
+// thread's front is given back), and any allocation that would raise a
+// current value of the books above its peak: the books are never below the
+// true values and a front never serves a request larger than the block's
+// booked size, so the true values never pass a peak unseen and peaks stay
+// exact. A block freed by another thread goes back to its holder's front.
+//
 // Fit guarantee (expandable segments, tested with hypothesis): after the
 // ladder's release, the arena's reserved bytes are the granules its live and
 // pending blocks touch (their footprint) plus what the small pool keeps, so
@@ -70,6 +100,7 @@
 // block.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -86,6 +117,7 @@
 #include "core/debug.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "core/free_cache.h"
 #include "core/live_map.h"
 #include "core/lock_order.h"
 #include "core/planner.h"
@@ -124,10 +156,11 @@ struct SegmentInfo {
 struct PlanStats {
   std::int64_t steps = 0;           // step boundaries seen
   std::int64_t planned_steps = 0;   // steps that replayed a plan
-  std::int64_t requests = 0;        // allocations inside planned steps
-  std::int64_t hits = 0;            // served where the plan said
-  std::int64_t misses = 0;          // did not match the trace (size, stream, count)
-  std::int64_t conflicts = 0;       // matched, but the range was still live
+  // Named as their stats keys (renaissance.planned_*), in every layer.
+  std::int64_t planned_requests = 0;   // allocations inside planned steps
+  std::int64_t planned_hits = 0;       // served where the plan said
+  std::int64_t planned_misses = 0;     // did not match the trace (size, stream, count)
+  std::int64_t planned_conflicts = 0;  // matched, but the range was still live
   std::int64_t plans = 0;           // plans computed
   std::int64_t variants = 0;        // variants kept now
   std::int64_t layouts = 0;         // layouts (structures) kept now
@@ -139,7 +172,7 @@ struct PlanStats {
   std::int64_t plan_bound_bytes = 0;  // the planner's lower bound for the current layout's problem (obstacles included)
   std::int64_t phases = 0;  // of the current layout: 1, or 2 (alternating: live-outs that overlap their next instance)
   std::int64_t greedy_bytes = 0;    // greedy-by-size size for the same problem
-  std::int64_t obstacle_bytes = 0;  // live blocks the plan had to avoid
+  std::int64_t obstacle_bytes = 0;  // live bytes under plan_bytes the plan had to avoid
   std::int64_t last_step_allocations = 0;
   std::int64_t last_step_hits = 0;
   std::int64_t last_step_same_address = 0;  // same address as in the previous step
@@ -147,8 +180,10 @@ struct PlanStats {
   double plan_seconds = 0.0;        // time spent in the planner, total
 };
 
-// One allocation of the last completed step (for exports and tests).
-struct TraceRecord {
+// One allocation of the last completed step (for exports and tests): the
+// C++ side of Python's torch_renaissance.trace.TraceEntry (same fields;
+// Arena.last_step()["entries"] are its dicts).
+struct TraceEntry {
   std::size_t size = 0;       // bytes (rounded)
   StreamId stream = 0;
   std::int64_t alloc_time = 0;
@@ -160,8 +195,11 @@ struct TraceRecord {
 struct StepRecord {
   std::uint64_t step = 0;
   std::int64_t end_time = 0;
-  std::vector<TraceRecord> entries;
+  std::vector<TraceEntry> entries;
 };
+
+// The old name of TraceEntry, kept for one release.
+using TraceRecord = TraceEntry;
 
 class StepPlanner;
 struct StepPlanJob;
@@ -188,7 +226,9 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   // Returns nullptr for size 0. Runs the out-of-memory ladder (see the top
-  // of this file) at most once, then raises OutOfMemoryError.
+  // of this file) at most once, then raises OutOfMemoryError. A stream id
+  // the device does not have raises std::invalid_argument (this and the
+  // two below; nothing changes).
   void* allocate(std::size_t size, StreamId stream = 0);
   void* allocate(std::size_t size, StreamId stream, const OomHooks& hooks);
   // The cheap attempt only: free lists, completed stream work and growth
@@ -230,6 +270,14 @@ class Arena {
   // training step): layouts and variants are only matched within one key.
   void begin_step(std::uint64_t key = 0);
   void end_step();
+  // The same for callers that must pair them (the Python-facing Arena):
+  // with planning on, begin_step_checked while a step is open and
+  // end_step_checked with none open raise std::logic_error before anything
+  // changes (begin_step would end the open step, end_step would only be a
+  // sync point). With planning off there is no step to lose: begin is a
+  // no-op and end a sync point, as above.
+  void begin_step_checked(std::uint64_t key = 0);
+  void end_step_checked();
   bool in_step() const;
 
   DeviceStats stats() const;
@@ -257,10 +305,20 @@ class Arena {
   };
   CacheInfo cache_info() const;
 
-  // fork() safety (pthread_atfork): hold the lock across the fork so the
-  // child never inherits it held by a thread that does not exist there.
-  void lock_for_fork() { mu_.lock(); }
-  void unlock_after_fork() { mu_.unlock(); }
+  // fork() safety (pthread_atfork): hold the lock (and every front's) across
+  // the fork so the child never inherits one held by a thread that does not
+  // exist there.
+  void lock_for_fork();
+  void unlock_after_fork();
+  // For free_cache.cpp: a thread that exits gives its front back (folded;
+  // its cached blocks freed, its live blocks no longer held).
+  void retire_front(Front& f);
+  // Fronts this arena has (one per thread that used it), for tests.
+  std::size_t front_count() const;
+  // Turns the per-thread fronts on (the default where the arena has no
+  // stats group) or off (folded first); for benchmarks and tests that
+  // compare the two. A no-op for an arena in a stats group.
+  void set_fronts(bool on);
   // Capture mode (a CUDA graph capture or another private-pool window is
   // open on the device): while on, the arena records, queries, waits on and
   // synchronizes no event and gives no memory back to the device (no event
@@ -278,16 +336,21 @@ class Arena {
   // Runs a plan that end_step() prepared under the lock, without the lock,
   // and installs it under the lock.
   void finish_plan(std::unique_ptr<StepPlanJob> job);
+  void end_step(bool checked);  // checked: raise (unchanged) when no step is open
   void publish_locked() noexcept;
   void check_invariants_locked() const;
   // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
   void debug_check_locked() const noexcept;
+  void debug_check_fast_path() const noexcept;  // the same after a front's operation
 
   // The cheap attempt (planned placement, free lists, growth); nullptr when
   // it does not serve the request.
   void* allocate_locked(std::size_t size, StreamId stream);
   // Why no device could ever serve `size` bytes, or nullptr.
   const char* impossible(std::size_t size) const;
+  // Raises std::invalid_argument (arena unchanged) for a stream id the
+  // device does not have.
+  void check_stream(StreamId stream) const;
 
   // --- dynamic pool --------------------------------------------------------
   PoolKind pool_for(std::size_t rounded) const;
@@ -304,7 +367,15 @@ class Arena {
   // where the limit or the device refuses.
   Block* grow_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
   Block* grow_expandable_locked(PoolKind pool, StreamId stream, std::size_t rounded, bool persistent);
-  Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded);
+  // exact: `rounded` in round_large steps, not the pool's segment sizes.
+  Segment* new_segment_locked(PoolKind pool, StreamId stream, std::size_t rounded,
+                              bool exact = false);
+  // Under a limit: gives back wholly free fixed segments (largest first)
+  // while a new segment of `bytes` would raise the reserved peak.
+  void release_free_segments_for_locked(std::size_t bytes);
+  // Under a limit: b (free) is a wholly free fixed segment too large to be
+  // split for `rounded` (PyTorch's max_split_size_mb, automatic).
+  bool oversize_split_locked(const Block* b, std::size_t rounded) const;
   Segment* expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent = false);
   FreeSet& free_set(PoolKind pool, bool persistent);
   const FreeSet& free_set(const Segment* seg) const;
@@ -372,6 +443,32 @@ class Arena {
     const std::uint64_t x = (static_cast<std::uint64_t>(rounded) >> 6) + 0x9E3779B9ull * stream;
     return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> 59);  // kCacheBins == 32
   }
+
+  // --- per-thread front (free_cache.h; see the top of this file) ---------
+  // The fast paths: no arena lock. nullptr / false: take the slow path.
+  void* front_allocate(std::size_t size, StreamId stream) noexcept;
+  bool front_deallocate(void* ptr) noexcept;
+  // The calling thread's front, made on first use; nullptr when fronts are
+  // off or the thread is exiting.
+  Front* my_front_locked();
+  bool front_eligible_locked(const Block* b) const;
+  // After a slow allocation / at a slow free (f locked by the caller).
+  void front_hold_live_locked(Front& f, Block* b, std::size_t requested);
+  bool front_hold_freed_locked(Front& f, Block* b);
+  // Puts a live block held by f into one of its bins (f locked).
+  static bool front_cache(Front& f, Block* b) noexcept;
+  // f no longer holds live block b; b's booked requested becomes its caller's.
+  static void front_drop_locked(Front& f, Block* b);
+  // Adds f's counters to the books, books its live blocks' sizes and frees
+  // its cached blocks (f locked); with `release`, f then holds nothing.
+  // True when it freed any block.
+  bool fold_front_locked(Front& f, bool release);
+  bool fold_fronts_locked(bool release);  // every front; true when any block was freed
+  // Opens the fronts outside steps and captures; closing folds them.
+  void update_fronts_open_locked();
+  // Whether booking a block of `size` bytes (`requested` asked) would raise
+  // a current value of the books above its peak while fronts may hold slack.
+  bool would_pass_peak_locked(std::size_t size, std::size_t requested, PoolKind pool) const;
 
   // --- free blocks ---------------------------------------------------------
   void index_free_locked(Block* b);    // insert into the right free index
@@ -460,10 +557,22 @@ class Arena {
   };
   std::vector<EpochEvent> epoch_;
   std::map<StreamId, Segment*> territory_;  // per stream: the segment holding its territory
+  // Fixed segments: per stream, the territory segment a step outgrew (now
+  // dynamic pool), which the next layout takes back when it can.
+  std::map<StreamId, Segment*> outgrown_;
   bool capturing_ = false;        // see set_capturing()
   bool demote_after_capture_ = false;  // a demotion was postponed by a capture
 
   std::unique_ptr<StepPlanner> steps_;
+
+  // Per-thread fronts (free_cache.h). fronts_ and registry_ under mu_.
+  const std::uint64_t serial_;  // never reused: names this arena in thread-local lookups
+  const bool fronts_enabled_;   // off for arenas in a stats group (its totals are the books)
+  bool fronts_wanted_ = true;   // set_fronts()
+  std::size_t front_max_ = 0;   // largest request a front serves (0: fronts off)
+  std::atomic<bool> fronts_open_{false};  // no step and no capture (read under a front's lock)
+  std::vector<std::shared_ptr<Front>> fronts_;
+  std::shared_ptr<FrontRegistry> registry_;
 };
 
 }  // namespace renaissance

@@ -37,6 +37,7 @@ inline std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit 
 enum class BlockState : std::uint8_t { kFree, kAllocated, kPending, kCached };
 
 struct Segment;
+struct Front;
 
 struct Block {
   char* ptr = nullptr;
@@ -52,6 +53,13 @@ struct Block {
   int pending_on = 0;         // stream-use groups it still waits for
   std::uint64_t step = 0;     // step in which it was allocated (0: none)
   std::int64_t seq = -1;      // its index in that step's trace
+  // The per-thread front holding it (free_cache.h), or null. Written with
+  // the arena's lock and the front's held; front_live and front_req with the
+  // front's: handed out (live) or cached, and its caller's size while live.
+  // `requested` is then what the arena's books count for it (>= front_req).
+  Front* front = nullptr;
+  bool front_live = false;
+  std::size_t front_req = 0;
 };
 
 // Best-fit order: by stream, then size, then address (PyTorch's BlockComparator).

@@ -68,6 +68,12 @@ class Work {
     expired_ = true;
     return false;
   }
+  // A clock stop decided without looking at the rate (plan(): too little
+  // time left for the baseline): sticky, as in fits_clock().
+  void expire() {
+    limit_ = used_;
+    expired_ = true;
+  }
   // The prediction alone (see fits_clock()), whether or not this budget
   // has expired; changes nothing.
   bool time_for(std::uint64_t units) const {

@@ -64,6 +64,8 @@ class CanonicalSearch {
 
   // (Free piece, fixed piece) pairs overlapping in time, seen when built.
   std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
+  // Nodes visited by the last solve().
+  std::uint64_t nodes() const { return nodes_; }
 
  private:
   struct Cand {
@@ -163,8 +165,13 @@ std::vector<std::uint32_t> preorder(const Instance& inst, const std::vector<std:
 
 std::vector<std::uint32_t> preorder(const OrderKeys& keys, const std::vector<std::uint64_t>& total);
 
+//
+// With `raise` (the search over a whole instance), a third schedule shares
+// the budget: the capacity-targeted raise from the bound upward (see
+// planner_search.cpp). The peak repair's sub-searches run without it: their
+// windows are small and usually reach their bound with the other two.
 void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& lower_bound,
                   std::uint64_t seed, Work& work, std::uint64_t& height,
-                  std::vector<std::uint64_t>& offsets, std::string& method);
+                  std::vector<std::uint64_t>& offsets, std::string& method, bool raise = false);
 
 }  // namespace renaissance::planner::detail

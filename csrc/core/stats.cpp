@@ -1,13 +1,7 @@
 // stats.cpp - see stats.h.
 #include "core/stats.h"
 
-#include <cstdio>
-#include <string>
-
-#include "core/errors.h"
-
 namespace renaissance {
-
 
 void DeviceStats::reset_peak() {
   for_each_stat([](Stat& st) { st.reset_peak(); }, *this);
@@ -66,27 +60,6 @@ void DeviceStats::add_counters(const DeviceStats& o) {
   num_device_free += o.num_device_free;
   events_recorded += o.events_recorded;
   event_queries += o.event_queries;
-}
-
-std::string format_bytes(std::size_t bytes) {
-  // Same thresholds as c10::CachingAllocator::format_size.
-  char buf[64];
-  if (bytes <= 1024) {
-    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
-  } else if (bytes <= (std::size_t(1) << 20)) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", bytes / 1024.0);
-  } else if (bytes <= (std::size_t(1) << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / 1048576.0);
-  } else if (bytes <= (std::size_t(1) << 40)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
-  } else if (bytes <= (std::size_t(1) << 50)) {
-    std::snprintf(buf, sizeof buf, "%.2f TiB", bytes / 1099511627776.0);
-  } else if (bytes <= (std::size_t(1) << 60)) {
-    std::snprintf(buf, sizeof buf, "%.2f PiB", bytes / 1125899906842624.0);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f EiB", bytes / 1152921504606846976.0);
-  }
-  return buf;
 }
 
 }  // namespace renaissance

@@ -39,7 +39,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   // During a CUDA-graph capture no event may be waited on: no replay then.
   if (!open_ || !replaying_ || !active_ || arena_.capturing_) return nullptr;
   const std::size_t i = cur_->entries.size();
-  ++stats_.requests;
+  ++stats_.planned_requests;
   // The first requests choose among layouts of this key: one whose slot has
   // exactly this size beats one that only holds it (variants with layouts of
   // their own, e.g. sizes that swap between steps).
@@ -48,7 +48,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
     switch_layout(i, rounded, stream, /*exact=*/true);
   }
   if (!fits(*active_, i, rounded, stream) && !switch_layout(i, rounded, stream)) {
-    ++stats_.misses;
+    ++stats_.planned_misses;
     missed_ = true;
     const bool same_structure = i < active_->slots.size() && active_->slots[i].stream == stream;
     if (same_structure) {
@@ -69,17 +69,17 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   }
   const Slot& s = active_->slots[i];
   if (s.dynamic) {
-    ++stats_.hits;
+    ++stats_.planned_hits;
     ++cur_hits_;
     return nullptr;
   }
   Block* b = place_slot(s, requested, rounded, stream);
   if (!b) {
-    ++stats_.conflicts;
+    ++stats_.planned_conflicts;
     ++step_conflicts_;
     return nullptr;
   }
-  ++stats_.hits;
+  ++stats_.planned_hits;
   ++cur_hits_;
   return b;
 }
@@ -751,7 +751,15 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     if (job->pinned[k] != StepPlanJob::kNotPinned) layout->pinned += job->problem.buffers[k].size;
   }
   layout->greedy = r.greedy_size;
-  layout->obstacles = job->obstacle_bytes;
+  // Only what lies under the layout's top is in its way (issue 11): an
+  // obstacle above it bounds nothing, and counting it made
+  // plan_over_step_load_and_obstacles fall below 1.
+  layout->obstacles = 0;
+  for (const planner::FixedBuffer& f : job->problem.fixed) {
+    if (f.offset < layout->top) {
+      layout->obstacles += static_cast<std::size_t>(std::min<std::uint64_t>(f.size, layout->top - f.offset));
+    }
+  }
   layout->persistent = job->persistent;
   layout->conflict_streak = 0;
   if (fresh) layouts_.push_back(std::move(fresh));

@@ -121,7 +121,7 @@ class StepPlanner {
     std::size_t load = 0;      // LOAD (lower bound): the largest over its variants' steps
     std::size_t layout_load = 0;  // LOAD of the merged problem (max sizes over variants)
     std::size_t greedy = 0;    // greedy-by-size plan size (same problem)
-    std::size_t obstacles = 0; // bytes of obstacles in the problem
+    std::size_t obstacles = 0; // bytes of obstacles below top (inside the territory)
     std::size_t persistent = 0;  // live bytes outside the step at plan time
     int conflict_streak = 0;
     std::uint64_t key = 0;     // the kind of step it plans

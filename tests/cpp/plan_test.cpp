@@ -819,6 +819,69 @@ Problem step_short_lived(Gen& g, int n, std::int64_t max_len) {
 // determinism (whenever the work count stopped the search) and the Result
 // fields are checked always; wall time only with `timings` (100,000 buffers
 // then, 20,000 otherwise), since it depends on the machine's load.
+// search_small with the capacity-targeted raise (the schedule plan() runs on
+// whole instances), started from best fit by size: on tiny instances with a
+// brute-force optimum, every plan it returns is valid and never below the
+// optimum, the lower bound it raises by proving capacities infeasible never
+// passes the optimum, and with ample work it ends at the optimum. Some
+// iterations start from a height above the bound by more than one raise
+// step, so that the raise levels run (not only the search at the bound).
+void test_search_raise(int iterations) {
+  namespace d = renaissance::planner::detail;
+  Gen g(41);
+  int raised = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const Problem p = g.problem(static_cast<int>(g.uni(3, 7)), g.uni(2, 10), it % 4 == 0, 0, 0);
+    const d::Instance inst(p);
+    if (inst.num_free < 2) continue;
+    const std::uint64_t best = brute_optimum(p);
+    const d::ObstacleMap map(inst);
+    std::uint64_t lb = inst.load;
+    // A stacked start (every buffer above the one before): valid, and
+    // usually far above the bound.
+    std::vector<std::uint64_t> offs = d::initial_offsets(inst);
+    std::uint64_t height = 0;
+    for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+      offs[i] = height;
+      height += inst.size[i];
+    }
+    raised += height > lb + lb / 100 + 1;
+    std::string method = "stacked";
+    d::Work work(std::uint64_t{1} << 32, 60.0);
+    d::search_small(inst, map, lb, static_cast<std::uint64_t>(it), work, height, offs, method,
+                    /*raise=*/true);
+    std::vector<std::uint64_t> full(p.buffers.size(), 0);
+    for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
+    CHECK(pl::validate(p, full).empty(), "raise: invalid plan (iteration %d)", it);
+    CHECK(plan_size(p, full) <= height, "raise: height %llu below the plan's %llu (iteration %d)",
+          static_cast<unsigned long long>(height),
+          static_cast<unsigned long long>(plan_size(p, full)), it);
+    CHECK(lb <= best, "raise: bound %llu passes the optimum %llu (iteration %d)",
+          static_cast<unsigned long long>(lb), static_cast<unsigned long long>(best), it);
+    CHECK(height == best, "raise: height %llu vs optimum %llu (iteration %d)",
+          static_cast<unsigned long long>(height), static_cast<unsigned long long>(best), it);
+  }
+  CHECK(raised > iterations / 4, "raise: only %d of %d starts above the first raise level",
+        raised, iterations);
+}
+
+// With a wall-clock budget far below what building the instance took
+// (1 microsecond for 20,000 buffers), best fit by size cannot finish: plan()
+// goes straight to the sweep, stops by the clock, and the plan is valid.
+void test_sweep_only_on_a_tiny_clock() {
+  Gen g(43);
+  const Problem p = step_random_lifetimes(g, 20000);
+  pl::Options o;
+  o.budget_seconds = 1e-6;
+  const pl::Result r = pl::plan(p, o);
+  CHECK(pl::validate(p, r.offsets).empty(), "tiny clock: invalid plan");
+  CHECK(r.method == "sweep_best_fit", "tiny clock: method %s", r.method.c_str());
+  CHECK(r.stopped_by == "clock" || r.stopped_by == "bound", "tiny clock: stopped by %s",
+        r.stopped_by.c_str());
+  CHECK(r.greedy_size == 0, "tiny clock: greedy_size %llu (the baseline ran)",
+        static_cast<unsigned long long>(r.greedy_size));
+}
+
 void test_large_budget(bool timings) {
   Gen g(7);
   const int n = timings ? 100000 : 20000;
@@ -896,6 +959,8 @@ int main(int argc, char** argv) {
   test_validate_agrees(iterations * 5);
   test_random_plans(iterations);
   test_search_exact(iterations);
+  test_search_raise(iterations);
+  test_sweep_only_on_a_tiny_clock();
   test_bound_cases();
   test_obstacle_plans(iterations);
   test_obstacle_exact(iterations);

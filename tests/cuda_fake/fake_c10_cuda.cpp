@@ -1,5 +1,5 @@
 // fake_c10_cuda.cpp - the few functions of PyTorch's libc10_cuda (and one of
-// libtorch_cuda) that csrc/torch/cuda_allocator.cpp calls, on top of the
+// libtorch_cuda) that the torch glue (csrc/torch/cuda_*.cpp) calls, on top of the
 // fake CUDA runtime, so that the torch glue runs without a GPU and without a
 // CUDA build of PyTorch. Declarations come from the installed torch's own
 // headers, so a signature that drifts fails to compile.

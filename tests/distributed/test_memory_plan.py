@@ -60,9 +60,15 @@ def test_custom_alignment_and_bad_alignment():
     plan.finalize()
     assert [s.offset for s in plan.region("r")] == [0, 64]
     assert plan.nbytes == 128
-    for bad in (0, 3, 100, -256):
+    for bad in (0, 3, 100, -256, 1 << 31, 1 << 40):
         with pytest.raises(ValueError, match="power of two"):
             MemoryPlan(alignment=bad)
+    # Was: int() of these, so 2.5 planned at 2 B and "256" was taken. A tester's
+    # plan_fsdp(alignment=1 << 40) tried to allocate 4 TiB.
+    for bad in (2.5, 256.0, "256", True):
+        with pytest.raises(ValueError, match="alignment must be an integer number of bytes"):
+            MemoryPlan(alignment=bad)
+    assert MemoryPlan(alignment=1 << 30).alignment == 1 << 30
 
 
 def test_building_errors():

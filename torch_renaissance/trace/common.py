@@ -30,6 +30,8 @@ TIME_LIMIT = 1 << 62
 #: bounded, at most 9 of them share a hash value (CPython hashes an int modulo 2**61 - 1), so
 #: a file of colliding addresses cannot make loading quadratic.
 ADDRESS_LIMIT = 1 << 64
+#: Stream ids are below this (a ``cudaStream_t`` as an integer, >= 0).
+STREAM_LIMIT = 1 << 64
 #: Device indices are below this (CUDA's ``int`` ordinals; ``c10::DeviceIndex`` is smaller).
 DEVICE_LIMIT = 1 << 31
 

@@ -19,6 +19,7 @@ from torch_renaissance.trace.common import (
     to_int,
 )
 from torch_renaissance.trace.entries import Trace
+from torch_renaissance.trace.safe_pickle import KEY_INT_LIMIT, KEY_INT_MIN, PICKLE_MAX_DEPTH
 from torch_renaissance.trace.snapshot import Where, check_snapshot_shape
 
 
@@ -114,13 +115,19 @@ def to_snapshot(
 
     Raises:
         ValueError: ``offsets`` has the wrong length or a negative or non-integer offset, two
-            buffers live at the same time overlap, or ``segment_size`` is smaller than the plan.
+            buffers live at the same time overlap, ``segment_size`` is smaller than the plan,
+            ``device`` is outside ``[0, 127]`` (``c10::DeviceIndex``), ``stream`` is negative
+            or ``base_address + segment_size`` passes ``2**64`` (the loader would refuse the
+            file).
     """
     offs, plan_size = _check_plan(trace, offsets)
     base_address = to_int(base_address, "base_address")
     device = to_int(device, "device")
     if base_address < 0 or device < 0:
         raise ValueError("base_address and device must be >= 0")
+    if device > EXPORT_DEVICE_MAX:  # device_traces holds one list per device up to it
+        raise ValueError(f"device {device} is past {EXPORT_DEVICE_MAX}, the highest CUDA "
+                         "device index (c10::DeviceIndex is 8 bits)")
     if segment_size is None:
         segment_size = -(-plan_size // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
     segment_size = to_int(segment_size, "segment_size")
@@ -128,9 +135,14 @@ def to_snapshot(
         raise ValueError(
             f"segment_size {segment_size} is smaller than the plan ({plan_size} bytes)"
         )
+    if base_address + segment_size > 1 << 64:
+        raise ValueError(f"base_address {base_address:#x} + segment_size {segment_size} passes "
+                         "2**64: addresses are 64-bit")
     if stream is None:
         stream = trace.entries[0].stream if trace.entries else 0
     stream = to_int(stream, "stream")
+    if not 0 <= stream < 1 << 64:
+        raise ValueError(f"stream must be in [0, 2**64) (a cudaStream_t), got {stream}")
 
     end = trace.end_time
     kept = [i for i, e in enumerate(trace.entries) if e.holds_memory(end)]
@@ -216,6 +228,61 @@ def _inactive_block(address: int, size: int) -> Dict[str, Any]:
     }
 
 
+#: Highest device index :func:`to_snapshot` files a plan under (``c10::DeviceIndex`` is int8).
+EXPORT_DEVICE_MAX = 127
+
+
+def _check_loadable(snapshot: Any) -> None:
+    """Refuse what :func:`load_snapshot`'s safe unpickler would refuse in a written file:
+    dict keys and set elements other than strings, bytes, ``None``, bools and integers in
+    ``[-2**63, 2**64)``; nesting deeper than :data:`PICKLE_MAX_DEPTH`; cycles. One
+    iterative walk (shared sub-objects are visited once).
+
+    Raises:
+        ValueError: naming the first such key, the depth, or the cycle.
+    """
+    def bad_key(k: Any) -> bool:
+        if k is None or isinstance(k, (str, bytes, bool)):
+            return False
+        return not (type(k) is int and KEY_INT_MIN <= k < KEY_INT_LIMIT)
+
+    containers = (dict, list, tuple, set, frozenset)
+    active: set = set()  # ids of the containers on the current path
+    done: set = set()
+    stack: List[Tuple[Any, int, bool]] = [(snapshot, 1, False)]
+    while stack:
+        obj, depth, leaving = stack.pop()
+        if leaving:
+            active.discard(id(obj))
+            done.add(id(obj))
+            continue
+        if id(obj) in active:
+            raise ValueError("a snapshot holds plain data without cycles; this one contains "
+                             f"a {type(obj).__name__} inside itself")
+        if id(obj) in done:
+            continue
+        if depth > PICKLE_MAX_DEPTH:
+            raise ValueError(f"a snapshot nests at most {PICKLE_MAX_DEPTH} containers deep "
+                             "(what load_snapshot reads back)")
+        active.add(id(obj))
+        stack.append((obj, depth, True))
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                if bad_key(k):
+                    raise ValueError(f"a snapshot's dict keys are strings or 64-bit integers "
+                                     f"(load_snapshot refuses others); got {k!r}")
+                if isinstance(v, containers):
+                    stack.append((v, depth + 1, False))
+            continue
+        keyed = isinstance(obj, (set, frozenset))
+        for v in obj:
+            if keyed and bad_key(v):
+                raise ValueError(f"a snapshot's set elements are strings or 64-bit integers "
+                                 f"(load_snapshot refuses others); got {v!r}")
+            if isinstance(v, containers):
+                stack.append((v, depth + 1, False))
+
+
 class _PlainPickler(pickle.Pickler):
     """Pickles plain data only, so that the file loads with the safe unpickler."""
 
@@ -238,12 +305,15 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
         path (str or os.PathLike): where to write it.
 
     Raises:
-        ValueError: ``snapshot`` is not a snapshot dict or holds something other than plain
-            data (the file is then left untouched).
+        ValueError: ``snapshot`` is not a snapshot dict, holds something other than plain
+            data, or plain data that :func:`load_snapshot` would refuse (a float or tuple
+            dict key, nesting past :data:`PICKLE_MAX_DEPTH`, a cycle); the file is then left
+            untouched.
         OSError: the file cannot be written.
     """
     target = os.fspath(path)
     check_snapshot_shape(snapshot, Where(target))
+    _check_loadable(snapshot)
     directory = os.path.dirname(os.path.abspath(target))
     fd, tmp = tempfile.mkstemp(prefix=".snapshot-", suffix=".tmp", dir=directory)
     try:

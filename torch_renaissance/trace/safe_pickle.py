@@ -68,8 +68,8 @@ PICKLE_MAX_STACK = 1 << 22
 #: ``uint64``). CPython hashes an integer to itself modulo :data:`sys.hash_info.modulus`
 #: (``2**61 - 1``), so at most 13 of them share a hash value; integers of any size would let a
 #: file of 1 MB hold 100k keys of one hash and make building the dict quadratic (minutes).
-_KEY_INT_MIN = -(1 << 63)
-_KEY_INT_LIMIT = 1 << 64
+KEY_INT_MIN = -(1 << 63)
+KEY_INT_LIMIT = 1 << 64
 
 # What each opcode does to the stack, for check_pickle_structure.
 (
@@ -121,11 +121,12 @@ _COUNTED = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
 # Opcodes that hash items, and which: every item (sets) or every other one from the first
 # (dict keys; SETITEM's key is the item below the value).
 _KEY_STRIDE = {"SETITEM": 2, "SETITEMS": 2, "DICT": 2, "ADDITEMS": 1, "FROZENSET": 1}
-#: ``refs`` value of a stack item that must not be hashed: a float or an integer outside
-#: ``[_KEY_INT_MIN, _KEY_INT_LIMIT)`` (containers are known by their depth, >= 1).
+#: ``objs`` value of a stack item that is not a container and hashes safely (a string,
+#: bytes, ``None``, a bool or an integer in ``[KEY_INT_MIN, KEY_INT_LIMIT)``).
+_PRIMITIVE = -1
+#: ``objs`` value of a stack item that must not be hashed: a float or an integer outside
+#: ``[KEY_INT_MIN, KEY_INT_LIMIT)`` (containers have object numbers >= 0).
 _UNSAFE_KEY = -2
-#: ``memo`` value of such an item (depths + 1 are <= PICKLE_MAX_DEPTH + 1 < 255).
-_MEMO_UNSAFE_KEY = 255
 # The same, keyed by the opcode objects pickletools.genops yields (faster than by name).
 _EFFECT_OF_OP = {op: _OPCODE_EFFECTS.get(op.name) for op in pickletools.opcodes}
 
@@ -140,14 +141,26 @@ def check_pickle_structure(data: bytes) -> None:
     """Refuse a pickle that cannot be loaded safely and fast, without building any object.
 
     Walks the opcodes with :func:`pickletools.genops` and replays what the unpickler does to
-    its stack, keeping per stack item only the nesting depth of the object it holds (0 for
-    strings, numbers, bytes and ``None``; 1 + the deepest item for a container) and whether
-    it may be hashed. Memo entries remember the same, the depth raised when that object is
-    filled later (as ``pickle`` does: a list is memoized empty, then appended to). The walk
-    stops at the first opcode naming a global or a persistent id: the unpickler refuses that
-    opcode before building anything after it. Time and memory are linear in the file size;
-    the stack is capped at :data:`PICKLE_MAX_STACK` items and the memo at one byte per byte
-    of file.
+    its stack. Each container the file builds gets an object number; per object the walk
+    keeps its nesting depth (1 + the deepest item) and whether it is already inside another
+    container. Per stack item it keeps the depth of what it holds (0 for strings, numbers,
+    bytes and ``None``) and its object number, and per memo entry the object (or primitive)
+    stored there, so a container read back with ``GET`` is the same object with its current
+    depth.
+
+    A container is complete before it goes into another one in every pickle ``pickle``
+    writes for acyclic data (a list is memoized empty, filled, then appended to its parent;
+    a second reference is a ``GET`` of the finished object). The walk refuses filling a
+    container with containers once it is inside another container: that is how a file could
+    link empty lists first and fill them innermost-last, nesting deeper than any depth the
+    walk saw, and it is also how a cycle is made. ``DUP`` of a container is refused for the
+    same reason (``pickle`` never writes ``DUP``). So every depth the walk computes is final
+    and the nesting limit holds for the object the unpickler builds.
+
+    The walk stops at the first opcode naming a global or a persistent id: the unpickler
+    refuses that opcode before building anything after it. Time and memory are linear in
+    the file size; the stack is capped at :data:`PICKLE_MAX_STACK` items, the memo at four
+    bytes per byte of file (eight past 2 GiB) and the object table at two bytes per container.
 
     Dict keys and set elements must be strings, bytes, ``None``, booleans or integers in
     ``[-2**63, 2**64)``. Those never make building a dict slow: string and bytes hashes are
@@ -158,7 +171,8 @@ def check_pickle_structure(data: bytes) -> None:
     takes minutes. PyTorch's snapshots key every dict by strings.
 
     Raises:
-        BadPickle: the file is nested deeper than :data:`PICKLE_MAX_DEPTH`, keeps more than
+        BadPickle: the file is nested deeper than :data:`PICKLE_MAX_DEPTH`, fills a container
+            that is already inside another one (a cycle or a crafted chain), keeps more than
             :data:`PICKLE_MAX_STACK` items on the stack, uses an opcode that plain data never
             needs (``REDUCE``, ``BUILD``, ``EXT1``, ...), hashes a key that is not allowed
             above, or is not a well-formed pickle (truncated, unknown opcode, stack underflow,
@@ -166,14 +180,17 @@ def check_pickle_structure(data: bytes) -> None:
     """
     limit, max_stack, size = PICKLE_MAX_DEPTH, PICKLE_MAX_STACK, len(data)
     depths = bytearray()  # per stack item: the depth of its object (<= limit < 255)
-    # per stack item: the memo index it was stored at or read from, -1, or _UNSAFE_KEY
-    refs = array("q")
+    # per stack item: its container's object number, _PRIMITIVE or _UNSAFE_KEY
+    objs: List[int] = []
     marks: List[int] = []  # stack lengths at the open MARKs
-    memo = bytearray()  # per memo index: 1 + the depth of its object; 0 when unset
+    odepth = bytearray()  # per container: its depth (>= 1)
+    inside = bytearray()  # per container: 1 once it is an item of another container
+    # per memo index: 0 when unset, else the stored stack item's objs value + 3
+    memo = array("i" if size < (1 << 31) - 3 else "q")
     memo_count = 0  # set memo entries (the index MEMOIZE uses)
     effect_of = _EFFECT_OF_OP.get
-    push, push_ref = depths.append, refs.append
-    key_min, key_limit = _KEY_INT_MIN, _KEY_INT_LIMIT
+    push, push_obj = depths.append, objs.append
+    key_min, key_limit = KEY_INT_MIN, KEY_INT_LIMIT
 
     def deeper(d: int) -> int:
         if d > limit:
@@ -185,44 +202,65 @@ def check_pickle_structure(data: bytes) -> None:
         return d
 
     def check_keys(start: int, stride: int, name: str) -> None:
-        # The items that name hashes: stack[start::stride]. Containers have depth >= 1.
-        if max(depths[start::stride], default=0) == 0 and _UNSAFE_KEY not in refs[start::stride]:
+        # The items that name hashes: stack[start::stride]; all must be safe primitives.
+        keys = objs[start::stride]
+        if keys.count(_PRIMITIVE) == len(keys):
             return
         raise BadPickle(
             f"refusing to load: {name} makes a {'set element' if stride == 1 else 'dict key'} "
-            "of a float, a tuple, a frozenset or an integer outside [-2**63, 2**64); such keys "
+            "of a float, a container or an integer outside [-2**63, 2**64); such keys "
             "can share one hash by the thousand and make loading take quadratic time (memory "
             "snapshots key their dicts by strings)",
             refused=True,
         )
 
-    def fill(target: int, d: int) -> None:  # the container at stack index target gets depth d
+    def take(start: int) -> int:
+        """Pops the stack items from ``start`` into a container; the depth they give it."""
+        d = max(depths[start:], default=-1) + 1
+        if d > 1:  # some items are containers: each is now inside another one
+            for o in objs[start:]:
+                if o >= 0:
+                    inside[o] = 1
+        del depths[start:], objs[start:]
+        return d
+
+    def new_container(d: int) -> None:
+        push(deeper(d))
+        push_obj(len(odepth))
+        odepth.append(d)
+        inside.append(0)
+
+    def fill(target: int, d: int, name: str) -> None:  # stack[target] gets items of depth d - 1
+        o = objs[target]
+        if d > 1 and o >= 0 and inside[o]:
+            raise BadPickle(
+                f"refusing to load: {name} fills a container that is already inside another "
+                "one (a cycle, or a chain built to nest deeper than the limit; pickle never "
+                "writes that for plain data)",
+                refused=True,
+            )
         if d > depths[target]:
             depths[target] = deeper(d)
-            idx = refs[target]
-            if idx >= 0 and memo[idx] <= d:
-                memo[idx] = d + 1
+            if o >= 0:
+                odepth[o] = d
 
     pos = 0
     try:
         for op, arg, pos in pickletools.genops(data):
             effect = effect_of(op)
             if effect == _OP_GET:
-                m = memo[arg] if 0 <= arg < len(memo) else 0
-                if not m:
+                v = (memo[arg] if 0 <= arg < len(memo) else 0) - 3
+                if v < -2:
                     raise BadPickle(f"{op.name} of memo index {arg}, which is not set")
-                if m == _MEMO_UNSAFE_KEY:
-                    push(0)
-                    push_ref(_UNSAFE_KEY)
-                else:
-                    push(m - 1)
-                    push_ref(arg)
+                push(odepth[v] if v >= 0 else 0)
+                push_obj(v)
             elif effect == _OP_PUSH_PRIMITIVE:
                 push(0)
-                push_ref(-1)
+                push_obj(_PRIMITIVE)
             elif effect == _OP_PUSH_NUMBER:  # float, or int (bool for INT's 00 / 01)
                 push(0)
-                push_ref(-1 if type(arg) is not float and key_min <= arg < key_limit else _UNSAFE_KEY)
+                push_obj(_PRIMITIVE if type(arg) is not float and key_min <= arg < key_limit
+                         else _UNSAFE_KEY)
             elif effect == _OP_PUT or effect == _OP_MEMOIZE:
                 if len(depths) <= (marks[-1] if marks else 0):
                     raise BadPickle(f"stack underflow at {op.name}")
@@ -230,22 +268,17 @@ def check_pickle_structure(data: bytes) -> None:
                 if not 0 <= idx < size:  # pickle numbers its memo entries 0, 1, 2, ...
                     raise BadPickle(f"{op.name} of memo index {idx}, out of range")
                 if idx >= len(memo):
-                    memo.extend(bytes(idx + 1 - len(memo)))
+                    memo.frombytes(bytes(memo.itemsize * (idx + 1 - len(memo))))
                 if not memo[idx]:
                     memo_count += 1
-                if refs[-1] == _UNSAFE_KEY:  # a number: its memo entry is never filled
-                    memo[idx] = _MEMO_UNSAFE_KEY
-                else:
-                    memo[idx] = depths[-1] + 1
-                    refs[-1] = idx
+                memo[idx] = objs[-1] + 3
                 continue
             elif effect == _OP_MARK:
                 deeper(len(marks) + 1)  # each open MARK is a container being built
                 marks.append(len(depths))
                 continue
             elif effect == _OP_PUSH_EMPTY:
-                push(1)
-                push_ref(-1)
+                new_container(1)
             elif effect == _OP_FILL_FROM_MARK or effect == _OP_BUILD_FROM_MARK:
                 if not marks:
                     raise BadPickle(f"{op.name} without a MARK")
@@ -253,15 +286,12 @@ def check_pickle_structure(data: bytes) -> None:
                 stride = _KEY_STRIDE.get(op.name)
                 if stride:
                     check_keys(k, stride, op.name)
-                d = max(depths[k:], default=-1) + 1  # the depth the items give a container
-                del depths[k:], refs[k:]
                 if effect == _OP_BUILD_FROM_MARK:
-                    push(deeper(max(d, 1)))
-                    push_ref(-1)
-                elif d > 0:  # there are items, for the container just below the mark
+                    new_container(max(take(k), 1))
+                elif len(depths) > k:  # there are items, for the container just below the mark
                     if k == 0:
                         raise BadPickle(f"stack underflow at {op.name}")
-                    fill(k - 1, d)
+                    fill(k - 1, take(k), op.name)
                 continue
             elif effect == _OP_APPEND or effect == _OP_SETITEM:
                 n = 1 if effect == _OP_APPEND else 2
@@ -270,30 +300,31 @@ def check_pickle_structure(data: bytes) -> None:
                     raise BadPickle(f"stack underflow at {op.name}")
                 if n == 2:
                     check_keys(x, 2, op.name)
-                d = max(depths[x:]) + 1
-                del depths[x:], refs[x:]
-                fill(x - 1, d)
+                fill(x - 1, take(x), op.name)
                 continue
             elif effect == _OP_BUILD_COUNTED:
                 x = len(depths) - _COUNTED[op.name]
                 if x < (marks[-1] if marks else 0):
                     raise BadPickle(f"stack underflow at {op.name}")
-                d = deeper(max(depths[x:]) + 1)
-                del depths[x:], refs[x:]
-                push(d)
-                push_ref(-1)
+                new_container(take(x))
                 continue
             elif effect == _OP_DUP:
                 if len(depths) <= (marks[-1] if marks else 0):
                     raise BadPickle(f"stack underflow at {op.name}")
-                push(depths[-1])
-                push_ref(refs[-1])
+                if objs[-1] >= 0:
+                    raise BadPickle(
+                        "refusing to load: DUP of a container (pickle never writes DUP; two "
+                        "stack copies of one container could hide its depth)",
+                        refused=True,
+                    )
+                push(0)
+                push_obj(objs[-1])
             elif effect == _OP_POP:
                 if marks and marks[-1] == len(depths):
                     marks.pop()
                 elif len(depths) > (marks[-1] if marks else 0):
                     depths.pop()
-                    refs.pop()
+                    objs.pop()
                 else:
                     raise BadPickle(f"stack underflow at {op.name}")
                 continue
@@ -301,7 +332,7 @@ def check_pickle_structure(data: bytes) -> None:
                 if not marks:
                     raise BadPickle(f"{op.name} without a MARK")
                 k = marks.pop()
-                del depths[k:], refs[k:]
+                del depths[k:], objs[k:]
                 continue
             elif effect == _OP_NOTHING:
                 continue

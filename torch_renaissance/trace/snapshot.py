@@ -9,7 +9,9 @@ Sizes are requested bytes, also for the blocks a snapshot knows only from its
 ``segments`` (see :func:`from_snapshot`)."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -19,6 +21,7 @@ from torch_renaissance.trace.common import (
     DEVICE_LIMIT,
     PathLike,
     SIZE_LIMIT,
+    STREAM_LIMIT,
     brief,
     fmt_int,
     is_int,
@@ -279,7 +282,48 @@ def from_snapshot(
     check_snapshot_shape(snapshot, w)
     traces: List[List[Any]] = snapshot["device_traces"]
     segments: List[Any] = snapshot["segments"]
+    seg_devices = _segment_devices(segments, w)
+    device = _choose_device(traces, seg_devices, device, w)
+    events: List[Any] = traces[device] if device < len(traces) else []
+    free_action = _free_action(events, device, w)
+    h = _walk_events(events, device, free_action, w)
+    reserved_at_dump = _add_segment_blocks(h, segments, seg_devices, device,
+                                           free_action == "free_completed", w)
+    h.records.sort(key=lambda r: (r[0], r[1], r[2]))
+    entries = [
+        TraceEntry(i, r[3], r[4], r[0], r[5], (), r[6]) for i, r in enumerate(h.records)
+    ]
+    return Trace(
+        entries,
+        len(events) + 1,
+        source=source,
+        pytorch_reserved_peak=_reserved_peak(h, reserved_at_dump, device, w),
+        pytorch_reserved_at_dump=reserved_at_dump,
+    )
 
+
+# A buffer of the trace being built: (alloc_time, group, order, size, stream, free_time,
+# address). Sorted by (alloc_time, group, order): group 0 are segment blocks live since
+# before the window (by address), 1 buffers freed in the window with no alloc in it, 2 the
+# window's allocs (by event index).
+_Record = Tuple[int, int, int, int, int, Optional[int], int]
+
+
+@dataclasses.dataclass
+class _History:
+    """What walking a device's events found (see :func:`_walk_events`)."""
+
+    live: Dict[int, Tuple[int, int, int, int]]  # addr -> (tick, size, stream, k), never freed
+    freed_at: Dict[int, int]  # addr -> event index of its last free (no alloc since)
+    records: List[_Record]
+    seg_net: int = 0  # net bytes of the segment events
+    seg_max: int = 0  # highest running net
+    seg_min: int = 0  # lowest running net
+    has_segment_events: bool = False
+
+
+def _segment_devices(segments: List[Any], w: Where) -> List[int]:
+    """The device of each dump-time segment (0 when absent)."""
     seg_devices: List[int] = []
     for i, seg in enumerate(segments):
         if not isinstance(seg, dict):
@@ -287,22 +331,39 @@ def from_snapshot(
         seg_devices.append(
             _opt_int(seg, "device", 0, w, f"segments[{i}]", minimum=0, limit=DEVICE_LIMIT)
         )
+    return seg_devices
+
+
+def _choose_device(traces: List[List[Any]], seg_devices: List[int], device: Optional[int],
+                   w: Where) -> int:
+    """``device``, checked, or the only device with events or segments (0 when none)."""
     with_data = sorted({d for d, t in enumerate(traces) if t} | set(seg_devices))
     if device is None:
         if len(with_data) > 1:
             raise DeviceChoiceError(
                 f"{w.source}: device_traces: the snapshot has data for devices {with_data}; "
                 "pass device= to choose one", with_data)
-        device = with_data[0] if with_data else 0
-    else:
-        device = to_int(device, "device")
-        if device < 0 or (device not in with_data and device >= len(traces)):
-            raise DeviceChoiceError(
-                f"{w.source}: device_traces: no device {device} (devices with data: {with_data})",
-                with_data)
-    events: List[Any] = traces[device] if device < len(traces) else []
+        return with_data[0] if with_data else 0
+    device = to_int(device, "device")
+    if device < 0 or (device not in with_data and device >= len(traces)):
+        raise DeviceChoiceError(
+            f"{w.source}: device_traces: no device {device} (devices with data: {with_data})",
+            with_data)
+    return device
 
-    # Pass 1: which action ends a buffer.
+
+#: The actions of ``torch.cuda.memory._snapshot()``'s device traces: ``TraceEntry::Action``
+#: (``c10/cuda/CUDACachingAllocator.h``) as ``action_to_str`` in
+#: ``torch/csrc/cuda/memory_snapshot.cpp`` names them, and ``user_defined`` (annotations).
+KNOWN_ACTIONS = frozenset({
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap", "snapshot", "oom", "user_defined",
+})
+
+
+def _free_action(events: List[Any], device: int, w: Where) -> str:
+    """Which action ends a buffer: ``free_completed``, or ``free_requested`` in a file
+    without any ``free_completed``. Checks that every event is a dict with an action."""
     for k, e in enumerate(events):
         if not isinstance(e, dict):
             where = f"device_traces[{device}][{k}]"
@@ -310,15 +371,25 @@ def from_snapshot(
         if not isinstance(e.get("action"), str):
             where = f"device_traces[{device}][{k}]"
             raise w.error(where, f"event has no 'action' string: {_short(e)}")
+    unknown = [e["action"] for e in events if e["action"] not in KNOWN_ACTIONS]
+    if unknown and len(unknown) == len(events):
+        raise w.error(f"device_traces[{device}]",
+                      f"no event has an action PyTorch writes (first: {brief(unknown[0])}; "
+                      f"known: {', '.join(sorted(KNOWN_ACTIONS))})")
+    if unknown:  # a newer PyTorch may add actions: skip them, and say so
+        kinds = sorted(set(unknown))
+        warnings.warn(f"{w.source}: device {device}: {len(unknown)} events with actions this "
+                      f"loader does not know were skipped: {', '.join(brief(a) for a in kinds[:5])}"
+                      + (" ..." if len(kinds) > 5 else ""), stacklevel=4)
     has_completed = any(e["action"] == "free_completed" for e in events)
-    free_action = "free_completed" if has_completed else "free_requested"
+    return "free_completed" if has_completed else "free_requested"
 
-    # Pass 2: walk the history. Records are (alloc_time, group, order, size, stream, free, addr).
-    live: Dict[int, Tuple[int, int, int, int]] = {}  # addr -> (tick, size, stream, k)
-    freed_at: Dict[int, int] = {}  # addr -> event index of its last free (no alloc since)
-    records: List[Tuple[int, int, int, int, int, Optional[int], int]] = []
-    seg_net = seg_max = seg_min = 0
-    has_segment_events = False
+
+def _walk_events(events: List[Any], device: int, free_action: str, w: Where) -> _History:
+    """Walks the history, one tick per event: the buffers it allocates and frees (those
+    never freed are live to the end), and the running net of the segment events."""
+    h = _History(live={}, freed_at={}, records=[])
+    live, freed_at, records = h.live, h.freed_at, h.records
     for k, e in enumerate(events):
         tick = k + 1
         action = e["action"]
@@ -326,7 +397,7 @@ def from_snapshot(
             where = f"device_traces[{device}][{k}]"
             addr = _field_int(e, "addr", w, where, limit=ADDRESS_LIMIT)
             size = _field_int(e, "size", w, where, limit=SIZE_LIMIT)
-            stream = _opt_int(e, "stream", 0, w, where)
+            stream = _opt_int(e, "stream", 0, w, where, minimum=0, limit=STREAM_LIMIT)
             if addr in live:
                 raise w.error(
                     where,
@@ -339,7 +410,7 @@ def from_snapshot(
             where = f"device_traces[{device}][{k}]"
             addr = _field_int(e, "addr", w, where, limit=ADDRESS_LIMIT)
             size = _field_int(e, "size", w, where, limit=SIZE_LIMIT)
-            stream = _opt_int(e, "stream", 0, w, where)
+            stream = _opt_int(e, "stream", 0, w, where, minimum=0, limit=STREAM_LIMIT)
             rec = live.pop(addr, None)
             if rec is not None:
                 records.append((rec[0], 2, rec[3], rec[1], rec[2], tick, addr))
@@ -355,16 +426,22 @@ def from_snapshot(
         elif action in ("segment_alloc", "segment_map", "segment_free", "segment_unmap"):
             where = f"device_traces[{device}][{k}]"
             size = _field_int(e, "size", w, where, limit=SIZE_LIMIT)
-            has_segment_events = True
-            seg_net += size if action in ("segment_alloc", "segment_map") else -size
-            seg_max = max(seg_max, seg_net)
-            seg_min = min(seg_min, seg_net)
+            h.has_segment_events = True
+            h.seg_net += size if action in ("segment_alloc", "segment_map") else -size
+            h.seg_max = max(h.seg_max, h.seg_net)
+            h.seg_min = min(h.seg_min, h.seg_net)
         # other actions (free_requested when frees complete later, oom, snapshot, ...) tick only
-    end_time = len(events) + 1
     for _addr, (tick, size, stream, k) in live.items():
         records.append((tick, 2, k, size, stream, None, _addr))
+    return h
 
-    # Segments at dump time: reserved bytes and the blocks live since before the window.
+
+def _add_segment_blocks(h: _History, segments: List[Any], seg_devices: List[int], device: int,
+                        has_completed: bool, w: Where) -> int:
+    """Adds to ``h.records`` the active blocks of ``device``'s dump-time segments that no
+    event mentions (live for the whole window, by their requested size); returns the
+    device's reserved bytes at dump time."""
+    live, freed_at = h.live, h.freed_at
     reserved_at_dump = 0
     order = 0
     for i, seg in enumerate(segments):
@@ -373,7 +450,7 @@ def from_snapshot(
         where = f"segments[{i}]"
         seg_addr = _field_int(seg, "address", w, where, limit=ADDRESS_LIMIT)
         reserved_at_dump += _field_int(seg, "total_size", w, where, limit=SIZE_LIMIT)
-        seg_stream = _opt_int(seg, "stream", 0, w, where)
+        seg_stream = _opt_int(seg, "stream", 0, w, where, minimum=0, limit=STREAM_LIMIT)
         blocks = seg.get("blocks", [])
         if not isinstance(blocks, list):
             raise w.error(where, f"'blocks' must be a list, got {type(blocks).__name__}")
@@ -398,40 +475,39 @@ def from_snapshot(
                     f"block at {baddr:#x} is {state!r} at dump time, but event "
                     f"{freed_at[baddr]} freed it and no later event allocated it",
                 )
-            requested = b.get("requested_size")
-            if requested is None and isinstance(b.get("history"), list) and b["history"]:
-                first = b["history"][0]
-                requested = first.get("real_size") if isinstance(first, dict) else None
-            if requested is None:
-                requested = bsize
-            if not is_int(requested) or not 0 <= requested < SIZE_LIMIT:
-                raise w.error(
-                    bwhere,
-                    f"'requested_size' must be an integer in [0, 2**63), got {brief(requested)}",
-                )
-            records.append((0, 0, order, requested, seg_stream, None, baddr))
+            h.records.append((0, 0, order, _requested_size(b, bsize, w, bwhere), seg_stream,
+                              None, baddr))
             order += 1
+    return reserved_at_dump
 
-    if has_segment_events:
-        start = reserved_at_dump - seg_net
-        if start + seg_min < 0:
-            raise w.error(
-                f"device_traces[{device}]",
-                f"segment events free {-(start + seg_min)} bytes more than were reserved: they "
-                f"do not add up to the {reserved_at_dump} bytes of segments at dump time",
-            )
-        reserved_peak: Optional[int] = start + seg_max
-    else:
-        reserved_peak = None
 
-    records.sort(key=lambda r: (r[0], r[1], r[2]))
-    entries = [
-        TraceEntry(i, r[3], r[4], r[0], r[5], (), r[6]) for i, r in enumerate(records)
-    ]
-    return Trace(
-        entries,
-        end_time,
-        source=source,
-        pytorch_reserved_peak=reserved_peak,
-        pytorch_reserved_at_dump=reserved_at_dump,
-    )
+def _requested_size(b: Dict[str, Any], bsize: int, w: Where, bwhere: str) -> int:
+    """A segment block's requested size: ``requested_size``, else its first history
+    entry's ``real_size``, else the block size."""
+    requested = b.get("requested_size")
+    if requested is None and isinstance(b.get("history"), list) and b["history"]:
+        first = b["history"][0]
+        requested = first.get("real_size") if isinstance(first, dict) else None
+    if requested is None:
+        requested = bsize
+    if not is_int(requested) or not 0 <= requested < SIZE_LIMIT:
+        raise w.error(
+            bwhere,
+            f"'requested_size' must be an integer in [0, 2**63), got {brief(requested)}",
+        )
+    return requested
+
+
+def _reserved_peak(h: _History, reserved_at_dump: int, device: int, w: Where) -> Optional[int]:
+    """PyTorch's highest reserved bytes in the window (the start included), replaying the
+    segment events from the dump-time total back; None without segment events."""
+    if not h.has_segment_events:
+        return None
+    start = reserved_at_dump - h.seg_net
+    if start + h.seg_min < 0:
+        raise w.error(
+            f"device_traces[{device}]",
+            f"segment events free {-(start + h.seg_min)} bytes more than were reserved: they "
+            f"do not add up to the {reserved_at_dump} bytes of segments at dump time",
+        )
+    return start + h.seg_max

@@ -1,0 +1,79 @@
+// free_cache.cpp - which front is the calling thread's (see free_cache.h),
+// and giving fronts back when a thread exits.
+#include "core/free_cache.h"
+
+#include <algorithm>
+
+#include "core/arena.h"
+
+namespace renaissance {
+
+namespace {
+
+// Owns the calling thread's fronts; its destructor runs at thread exit.
+struct ThreadFronts {
+  std::vector<std::shared_ptr<Front>> fronts;
+  ~ThreadFronts();
+};
+
+thread_local ThreadFronts t_fronts;
+// The last front looked up: trivially destructible (no TLS guard on the fast
+// path) and initial-exec (no __tls_get_addr call; 16 bytes of the static TLS
+// surplus glibc keeps for libraries that are dlopen()ed).
+#if defined(__GNUC__) && defined(__linux__)
+#define TR_TLS_FAST __attribute__((tls_model("initial-exec")))
+#else
+#define TR_TLS_FAST
+#endif
+struct LastFront {
+  std::uint64_t serial;
+  Front* front;
+};
+thread_local LastFront t_last_front TR_TLS_FAST = {0, nullptr};
+// Set once t_fronts is being destroyed: later calls (other thread-local
+// destructors freeing memory) take the arena's slow path.
+thread_local bool t_exiting = false;
+
+ThreadFronts::~ThreadFronts() {
+  t_exiting = true;
+  t_last_front = {0, nullptr};
+  {
+    for (auto& f : fronts) {
+      std::lock_guard<std::mutex> g(f->registry->mu);  // the arena cannot go away meanwhile
+      if (f->registry->arena) f->registry->arena->retire_front(*f);
+    }
+  }
+}
+
+}  // namespace
+
+namespace front_tls {
+
+Front* find(std::uint64_t serial) noexcept {
+  if (t_last_front.serial == serial) return t_last_front.front;
+  if (t_exiting) return nullptr;
+  for (auto& f : t_fronts.fronts) {
+    if (f->arena_serial == serial) {
+      t_last_front = {serial, f.get()};
+      return f.get();
+    }
+  }
+  return nullptr;
+}
+
+bool adopt(std::shared_ptr<Front> f) {
+  if (t_exiting) return false;
+  auto& v = t_fronts.fronts;
+  // Fronts of arenas that are gone are dropped here (nothing to give back).
+  // Called under an arena's lock: no registry mutex is taken here.
+  v.erase(std::remove_if(v.begin(), v.end(),
+                         [](const std::shared_ptr<Front>& x) { return !x->registry->alive.load(); }),
+          v.end());
+  t_last_front = {f->arena_serial, f.get()};
+  v.push_back(std::move(f));
+  return true;
+}
+
+}  // namespace front_tls
+
+}  // namespace renaissance
