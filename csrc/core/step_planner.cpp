@@ -2,6 +2,7 @@
 #include "core/step_planner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 namespace renaissance {
@@ -35,9 +36,34 @@ bool StepPlanner::switch_layout(std::size_t i, std::size_t rounded, StreamId str
   return true;
 }
 
+std::uint64_t StepPlanner::thread_tag() {
+  static std::atomic<std::uint64_t> next{1};
+  thread_local const std::uint64_t tag = next.fetch_add(1, std::memory_order_relaxed);
+  return tag;
+}
+
+bool StepPlanner::counts_thread(std::uint64_t tag) const {
+  // The opener always counts (a later step may be begun from another thread);
+  // a layout planned before threads were told apart (no set) plans them all.
+  if (!active_ || active_->threads.empty() || tag == cur_->opener) return true;
+  return std::binary_search(active_->threads.begin(), active_->threads.end(), tag);
+}
+
+bool StepPlanner::plans_calling_thread() const {
+  const std::uint64_t tag = thread_tag();
+  if (open_ && cur_->opener == tag) return true;
+  if (last_ && last_->opener == tag) return true;
+  for (const auto& l : layouts_) {
+    if (l->threads.empty() || std::binary_search(l->threads.begin(), l->threads.end(), tag)) return true;
+  }
+  return false;
+}
+
 Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
   // During a CUDA-graph capture no event may be waited on: no replay then.
   if (!open_ || !replaying_ || !active_ || arena_.capturing_) return nullptr;
+  // Another thread's work during the step: the dynamic pool, unrecorded.
+  if (!counts_thread(thread_tag())) return nullptr;
   const std::size_t i = cur_->entries.size();
   ++stats_.planned_requests;
   // The first requests choose among layouts of this key: one whose slot has
@@ -94,6 +120,8 @@ Block* StepPlanner::place_slot(const Slot& s, std::size_t requested, std::size_t
 
 void StepPlanner::on_allocated(Block* b) {
   if (!open_) return;
+  const std::uint64_t tag = thread_tag();
+  if (!counts_thread(tag)) return;  // not part of the step (b->step stays 0)
   b->step = step_;
   b->seq = static_cast<std::int64_t>(cur_->entries.size());
   TraceRecord e;
@@ -107,6 +135,7 @@ void StepPlanner::on_allocated(Block* b) {
     if (ref == e.address) ++cur_same_;
   }
   cur_->entries.push_back(std::move(e));
+  cur_->threads.push_back(tag);
 }
 
 bool StepPlanner::reference_address(std::size_t i, std::uintptr_t& out) const {
@@ -194,6 +223,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
   cur_hits_ = cur_same_ = cur_comparable_ = 0;
   cur_ = std::make_unique<StepTrace>();
   cur_->step = step_;
+  cur_->opener = thread_tag();
   // Frees of the previous step's buffers that happened after it ended count
   // as the first events of this one.
   if (prev_) {
@@ -223,6 +253,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   replaying_ = false;
   cur_->end_time = clock_;
   ++stats_.steps;
+  drop_irregular_threads();
   if (!cur_->entries.empty()) {
     stats_.last_step_allocations = static_cast<std::int64_t>(cur_->entries.size());
     stats_.last_step_hits = cur_hits_;
@@ -241,7 +272,12 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     Layout* l = known->layout;
     l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
     // Conflicts that persist (a new long-lived block in the way): re-plan.
-    if (l->conflict_streak >= 2 && prev_ && !planning_) job = plan_step(std::move(sizes));
+    // So too once what the layout was planned around has died (it would
+    // hold the territory above the step's needs for good).
+    if (prev_ && !planning_ &&
+        (l->conflict_streak >= 2 || (cur_->phase >= 0 && !missed_ && obstacles_gone(*l)))) {
+      job = plan_step(std::move(sizes));
+    }
   } else if (Layout* l = covering_layout(); l && !missed_) {
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
   } else if (prev_ && !cur_->entries.empty() && !planning_) {
@@ -267,6 +303,80 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   last_ = slot.get();
   prev_ = nullptr;
   return job;
+}
+
+bool StepPlanner::drop_irregular_threads() {
+  // Only allocations that occur at the same positions in two steps of the
+  // same key are planned: per thread other than the opener, its sequence of
+  // (size, stream) must be the one it had in the step before (a different
+  // count or stream order is a different thread's work, e.g. a data loader
+  // or a server thread allocating while the step runs). Sizes may differ
+  // only where the opener's own sizes differ too (a variant: a longer
+  // sequence changes every thread's sizes). The first step of a key has no
+  // step before it: nothing is planned from it alone.
+  StepTrace& cur = *cur_;
+  if (!prev_ || cur.entries.empty()) return false;
+  const StepTrace& prev = *prev_;
+  if (prev.threads.size() != prev.entries.size()) return false;
+  std::vector<std::uint64_t> tags(cur.threads);
+  std::sort(tags.begin(), tags.end());
+  tags.erase(std::unique(tags.begin(), tags.end()), tags.end());
+  if (tags.size() == 1 && tags.front() == cur.opener) return false;
+  auto seq_of = [](const StepTrace& t, std::uint64_t tag) {
+    std::vector<std::pair<std::size_t, StreamId>> out;
+    for (std::size_t i = 0; i < t.entries.size(); ++i) {
+      if (t.threads[i] == tag) out.emplace_back(t.entries[i].size, t.entries[i].stream);
+    }
+    return out;
+  };
+  const auto opener_now = seq_of(cur, cur.opener);
+  const auto opener_before = seq_of(prev, prev.opener);
+  const bool variant = opener_now != opener_before;
+  std::vector<std::uint64_t> dropped;
+  for (std::uint64_t tag : tags) {
+    if (tag == cur.opener) continue;
+    const auto now = seq_of(cur, tag);
+    const auto before = seq_of(prev, tag);
+    bool same = now.size() == before.size();
+    for (std::size_t i = 0; same && i < now.size(); ++i) {
+      same = now[i].second == before[i].second && (variant || now[i].first == before[i].first);
+    }
+    if (!same) dropped.push_back(tag);
+  }
+  if (dropped.empty()) return false;
+  // Renumber the kept entries; the dropped ones' live blocks leave the step
+  // (as if allocated outside it: their frees are not recorded).
+  std::vector<std::int64_t> renum(cur.entries.size(), -1);
+  std::vector<TraceEntry> entries;
+  std::vector<std::uint64_t> threads;
+  for (std::size_t i = 0; i < cur.entries.size(); ++i) {
+    if (std::binary_search(dropped.begin(), dropped.end(), cur.threads[i])) continue;
+    renum[i] = static_cast<std::int64_t>(entries.size());
+    entries.push_back(std::move(cur.entries[i]));
+    threads.push_back(cur.threads[i]);
+  }
+  cur.entries = std::move(entries);
+  cur.threads = std::move(threads);
+  for (const auto& [ptr, b] : arena_.live_) {
+    if (b->step != step_ || b->seq < 0 || static_cast<std::size_t>(b->seq) >= renum.size()) continue;
+    b->seq = renum[static_cast<std::size_t>(b->seq)];
+    if (b->seq < 0) b->step = 0;
+  }
+  return true;
+}
+
+bool StepPlanner::obstacles_gone(const Layout& l) const {
+  if (l.lasting == 0 || l.lasting * 8 < l.top) return false;
+  const Segment* seg = arena_.territory_of_locked(l.stream);
+  if (!seg) return false;
+  std::size_t now = 0;
+  for (const Block* b = seg->head; b && b->ptr < seg->base + l.top; b = b->next) {
+    // This step's own blocks (its live-outs) are planned slots, not obstacles.
+    if (b->state != BlockState::kAllocated || b->step == step_) continue;
+    const std::size_t at = static_cast<std::size_t>(b->ptr - seg->base);
+    now += std::min(b->size, l.top - at);
+  }
+  return now * 2 <= l.lasting;
 }
 
 StepPlanner::Layout* StepPlanner::most_recent_layout(const std::uint64_t* key) const {
@@ -643,6 +753,10 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   job->phases = phases;
   job->n_slots = n_slots;
   job->pin_candidates = std::move(pins);
+  job->threads = cur.threads;
+  job->threads.push_back(cur.opener);
+  std::sort(job->threads.begin(), job->threads.end());
+  job->threads.erase(std::unique(job->threads.begin(), job->threads.end()), job->threads.end());
   planning_ = true;
   return job;
 }
@@ -734,6 +848,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   layout->key = job->key;
   layout->stream = job->stream;
   layout->phases = job->phases;
+  layout->threads = std::move(job->threads);
   layout->top = 0;
   const std::size_t n = job->n_slots;
   for (std::size_t k = 0; k < n; ++k) {
@@ -754,10 +869,13 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   // Only what lies under the layout's top is in its way (issue 11): an
   // obstacle above it bounds nothing, and counting it made
   // plan_over_step_load_and_obstacles fall below 1.
-  layout->obstacles = 0;
+  layout->obstacles = layout->lasting = 0;
+  const std::int64_t whole = job->problem.period ? job->problem.period : job->horizon;
   for (const planner::FixedBuffer& f : job->problem.fixed) {
     if (f.offset < layout->top) {
-      layout->obstacles += static_cast<std::size_t>(std::min<std::uint64_t>(f.size, layout->top - f.offset));
+      const auto under = static_cast<std::size_t>(std::min<std::uint64_t>(f.size, layout->top - f.offset));
+      layout->obstacles += under;
+      if (f.upper >= whole) layout->lasting += under;
     }
   }
   layout->persistent = job->persistent;

@@ -88,6 +88,10 @@ class StepPlanner {
   bool in_step() const { return open_; }
   // A step is open and served by the dynamic pool (no plan, or it diverged).
   bool recording() const { return open_ && !replaying_; }
+  // Whether the calling thread runs planned steps (it opened one, or a
+  // layout plans its allocations); false for other threads' work, e.g. a
+  // data loader or server thread allocating while steps run elsewhere.
+  bool plans_calling_thread() const;
   // Out-of-memory path: hand the planned territory to the dynamic pool for
   // the rest of this step.
   void release_territory();
@@ -105,6 +109,8 @@ class StepPlanner {
     // Addresses of the step of its key before it (an alternating layout's
     // step repeats the addresses of the last step of the same phase).
     std::vector<std::uintptr_t> prior_addresses;
+    std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
+    std::uint64_t opener = 0;            // the thread that began the step
   };
   struct Slot {
     std::size_t size = 0;
@@ -122,12 +128,17 @@ class StepPlanner {
     std::size_t layout_load = 0;  // LOAD of the merged problem (max sizes over variants)
     std::size_t greedy = 0;    // greedy-by-size plan size (same problem)
     std::size_t obstacles = 0; // bytes of obstacles below top (inside the territory)
+    std::size_t lasting = 0;   // of those, the ones in the way for the whole step (not live-outs dying early)
     std::size_t persistent = 0;  // live bytes outside the step at plan time
     int conflict_streak = 0;
     std::uint64_t key = 0;     // the kind of step it plans
     int phases = 1;            // 2: alternating (a slot's lifetime spans two steps)
     std::size_t pinned = 0;    // bytes of live-outs pinned where the recorded step left them
     std::size_t bound = 0;     // the planner's lower bound for its problem (obstacles included)
+    // Threads whose allocations it plans (sorted): those that allocated at
+    // the same positions in the two steps it was planned from. Another
+    // thread's allocations during a step are not part of it.
+    std::vector<std::uint64_t> threads;
   };
   struct Variant {
     Layout* layout = nullptr;
@@ -163,6 +174,24 @@ class StepPlanner {
   // The address request i of the open step should repeat (false: none).
   bool reference_address(std::size_t i, std::uintptr_t& out) const;
   void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
+  // A small number naming the calling thread (stable while it lives).
+  static std::uint64_t thread_tag();
+  // False when the open step replays (or records a variant of) a layout that
+  // does not plan the calling thread's allocations: they go to the dynamic
+  // pool and are not part of the step.
+  bool counts_thread(std::uint64_t tag) const;
+  // Drops from the open step the entries of threads other than its opener
+  // that did not allocate at the same positions in the step of its key
+  // before (concurrent work on other threads); their live blocks leave the
+  // step. Returns whether anything was dropped.
+  bool drop_irregular_threads();
+  // Whether the obstacles a layout was planned around (blocks live in its
+  // territory at plan time that were no part of the step: another thread's,
+  // or one a step kept past its planned death) have mostly died: at least
+  // half of its obstacle bytes gone, where they were at least an eighth of
+  // its top. Then a re-plan without them lowers the territory. O(blocks
+  // under the top), only for such layouts.
+  bool obstacles_gone(const Layout& l) const;
 
   Arena& arena_;
   bool open_ = false;
@@ -227,6 +256,7 @@ struct StepPlanJob {
   std::size_t n_slots = 0;  // planned slots; in an alternating plan buffers k, k + n_slots are slot k's phases
   std::vector<PinCandidate> pin_candidates;
   std::vector<std::uint64_t> pinned;  // per problem buffer: kNotPinned or its fixed offset
+  std::vector<std::uint64_t> threads;  // the layout's threads (sorted)
   double seconds = 0.0;  // time in run()
 };
 
