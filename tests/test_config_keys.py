@@ -182,3 +182,19 @@ def test_readme_table_is_generated_from_the_table():
         "README's config table is stale: run python tools/config_table.py --write"
     for name in EXPECTED:
         assert f"| `{name}` |" in readme
+
+
+def test_unknown_keyword_and_huge_numbers_are_value_errors(C):
+    # install(foo=1) raised KeyError (the unit check ran before the key check);
+    # 10**400 raised OverflowError in Python and pybind's cast RuntimeError in C++.
+    with pytest.raises(ValueError, match="unknown config key 'foo'"):
+        make_config(foo=1)
+    with pytest.raises(ValueError, match="unknown config key 'foo'"):
+        make_config(foo=1, max_reserved_mb=1)
+    for key in ("plan_budget_seconds", "plan_budget_ms", "max_reserved_mb"):
+        with pytest.raises(ValueError, match=f"bad value 1000.*characters.*'{key}'") as e:
+            make_config(**{key: 10**400})
+        assert len(str(e.value)) < 250  # the 401 digits are cut
+    for key in ("plan_budget_seconds", "max_reserved_bytes"):
+        with pytest.raises(ValueError, match=f"'{key}'.*out of range"):
+            C.Arena(C.HostDevice(), **{key: 10**400})

@@ -487,3 +487,34 @@ def test_cli_plan_device_all_shows_reserved_at_dump_marked(shared_data, capsys):
     rows = {ln.split()[0]: ln.split() for ln in lines[2:] if not ln.startswith("*")}
     assert rows["0"][-2] == pct and rows["total"][-2] == pct, lines  # the PyTorch column
     assert lines[-1].startswith("* PyTorch's reserved bytes when the snapshot was taken")
+
+
+def test_cli_plan_device_without_data_is_refused_and_totals_mix_peak_and_dump(tmp_path, capsys):
+    # A tester: on a snapshot with data on devices 0 and 2, `--device 1` (an empty list in
+    # device_traces) planned 0 buffers with exit 0. The total row's PyTorch column sums
+    # each device's peak, or its dump-time bytes where it has no segment events.
+    from torch_renaissance import cli
+    from torch_renaissance import trace as T
+
+    path, traces = _multi_device_snapshot(tmp_path, devices=(0, 2))
+    assert cli.main(["plan", str(path), "--device", "1", "--budget", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device 1" in err and "[0, 2]" in err, err
+    # Device 2 without its segment events: no peak, only the reserved bytes at dump time.
+    snap = T.safe_pickle.safe_unpickle(path)
+    snap["device_traces"][2] = [e for e in snap["device_traces"][2]
+                                if not e["action"].startswith("segment_")]
+    mixed = tmp_path / "mixed.pickle"
+    T.save_snapshot(snap, mixed)
+    t0, t2 = T.load_snapshot(mixed, device=0), T.load_snapshot(mixed, device=2)
+    assert t0.pytorch_reserved_peak is not None and t2.pytorch_reserved_peak is None
+    assert cli.main(["plan", str(mixed), "--device", "all", "--budget", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:] if not ln.startswith("*")}
+    want = t0.pytorch_reserved_peak + t2.pytorch_reserved_at_dump
+    load = t0.load_bytes() + t2.load_bytes()
+    assert rows["total"][-2] == f"{100 * (want / load - 1):+.2f}%*", lines
+    assert cli.main(["plan", str(mixed), "--device", "all", "--json", "--budget", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["total"]["pytorch_reserved_bytes"] is None
+    assert out["total"]["pytorch_reserved_at_dump_bytes"] == want

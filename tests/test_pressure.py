@@ -546,3 +546,23 @@ def test_fit_guarantee_with_caches_filled_on_other_threads(C, ops, limit_mib, fi
     (blocks up to 1 MiB, allocated and freed there, still reserved): the out-of-memory ladder
     flushes the cache before it gives memory back (issue 14)."""
     _run_fit(C, ops, expandable, limit_mib * MiB, fill)
+
+
+@pytest.mark.parametrize("size", [2 * MiB, 5 * MiB])
+def test_a_shared_segment_size_the_device_cannot_hold_falls_back_to_the_request(C, size):
+    # large_segment may be set up to 2**40; a request below min_large_alloc that
+    # fits on the device is served (a segment of its own size) rather than an OOM
+    # because the shared segment does not fit.
+    a = C.Arena(C.SimDevice(capacity_bytes=64 * MiB), expandable_segments=False,
+                large_segment=128 * MiB)
+    p = a.allocate(size)
+    seg = [g for g in a.snapshot() if any(b["address"] == p for b in g["blocks"])][0]
+    assert size <= seg["total_size"] <= size + 2 * MiB
+    a.deallocate(p)
+    a.check_invariants()
+    # Where the shared segment fits it is still made, and shared.
+    b = C.Arena(C.SimDevice(capacity_bytes=256 * MiB), expandable_segments=False,
+                large_segment=128 * MiB)
+    q1, q2 = b.allocate(size), b.allocate(size)
+    segs = [g for g in b.snapshot() if g["total_size"] == 128 * MiB]
+    assert len(segs) == 1 and {q1, q2} <= {x["address"] for x in segs[0]["blocks"]}

@@ -52,3 +52,28 @@ def test_plan_over_step_load_and_obstacles_and_its_old_name():
     assert r["plan_over_step_load_and_obstacles"] == r["plan_bytes"] / bound
     assert r["plan_over_load"] == r["plan_over_step_load_and_obstacles"]
     assert r["step_and_persistent_load_bytes"] == r["load_bytes"]
+
+
+def test_every_device_stat_of_the_installed_torch_has_its_key(C):
+    # memory_stats() promises the keys of torch.cuda.memory_stats(): every field of
+    # c10::CachingDeviceAllocator::DeviceStats in the installed torch's header (the
+    # struct torch/csrc/cuda/Module.cpp converts) is a key of the arena's stats, except
+    # the per-private-pool map that PyTorch reports through MemPool instead.
+    import os
+    import re
+
+    import torch
+
+    header = os.path.join(os.path.dirname(torch.__file__), "include", "c10", "core",
+                          "CachingDeviceAllocator.h")
+    if not os.path.exists(header):
+        import pytest
+        pytest.skip("the installed torch has no c10 headers")
+    text = open(header, encoding="utf-8").read()
+    body = text[text.index("struct DeviceStats"):]
+    body = body[:body.index("};")]
+    fields = set(re.findall(r"^\s*(?:StatArray|Stat|int64_t)\s+(\w+)\s*(?:=[^;]*)?;", body, re.M))
+    assert {"num_ooms", "allocated_bytes", "max_split_size"} <= fields  # the parse found the struct
+    s = C.Arena(C.HostDevice()).stats()
+    missing = sorted(f for f in fields if f not in s)
+    assert missing == [], f"DeviceStats fields without a stats key: {missing}"

@@ -379,3 +379,23 @@ def test_stream_manager_sim_handoff_takes_addresses_only(C):
     for bad in (torch.zeros(3), 1.5, True, "0x10"):
         with pytest.raises(TypeError, match="handoff takes the int address"):
             sm.handoff(bad, to="h2d")
+
+
+def test_stream_manager_sim_refusals_change_nothing(C):
+    # A tester: handoff of a freed address recorded and waited on an event before
+    # raising; prefetch on a simulated manager raised AttributeError on None.device.
+    from torch_renaissance import StreamManager
+
+    dev = C.SimDevice()
+    arena = C.Arena(dev)
+    sm = StreamManager(sim=dev, arena=arena)
+    p = arena.allocate(4096)
+    arena.deallocate(p)
+    before = (len(dev.waits()), arena.stats()["renaissance"]["events_recorded"])
+    with pytest.raises(C.InvalidPointerError):
+        sm.handoff(p, to="comm")
+    with pytest.raises(C.InvalidPointerError):
+        sm.handoff(p + (1 << 40), to="h2d")  # never allocated
+    assert (len(dev.waits()), arena.stats()["renaissance"]["events_recorded"]) == before
+    with pytest.raises(ValueError, match="simulated manager has no device"):
+        sm.prefetch([1, 2])  # at the call, not at the first next()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import stat
 import struct
 import subprocess
 import sys
@@ -1317,3 +1318,49 @@ def test_plot_plan_without_matplotlib(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match="pip install matplotlib"):
         T.plot_plan(trace, offsets, tmp_path / "plan.png")
     assert not (tmp_path / "plan.png").exists()
+
+
+def test_save_snapshot_refuses_what_is_not_a_regular_file_and_changes_nothing(tmp_path):
+    # os.replace over a FIFO, a device or a directory would turn it into a regular
+    # file (as root, export_snapshot('/dev/full') replaced the device node).
+    trace, offsets = _small_planned_trace()
+    snap = T.to_snapshot(trace, offsets)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for target in (fifo, folder, tmp_path / "link-to-fifo"):
+        if target.name == "link-to-fifo":
+            target.symlink_to(fifo)
+        with pytest.raises(ValueError, match="not a regular file"):
+            T.save_snapshot(snap, target)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and folder.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "link-to-fifo"]
+
+
+def test_save_snapshot_writes_through_links_and_keeps_modes(tmp_path):
+    trace, offsets = _small_planned_trace()
+    snap = T.to_snapshot(trace, offsets)
+    real = tmp_path / "real.pickle"
+    real.write_bytes(b"old")
+    os.chmod(real, 0o640)
+    link = tmp_path / "link.pickle"
+    link.symlink_to(real)
+    T.save_snapshot(snap, link)
+    assert link.is_symlink() and os.readlink(link) == str(real)  # the link stays a link
+    assert T.load_snapshot(real).entries == T.load_snapshot(link).entries
+    assert len(T.load_snapshot(real).entries) > 0
+    assert stat.S_IMODE(os.stat(real).st_mode) == 0o640  # an existing file keeps its mode
+    old = os.umask(0o027)
+    try:
+        T.save_snapshot(snap, tmp_path / "new.pickle")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "new.pickle").st_mode) == 0o640  # 0666 & ~027
+    old = os.umask(0o022)
+    try:
+        T.save_snapshot(snap, tmp_path / "new2.pickle")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "new2.pickle").st_mode) == 0o644  # not mkstemp's 0600
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snapshot-")]

@@ -593,11 +593,14 @@ def _load_for_plan(args: argparse.Namespace):
                          "a CSV trace has no devices (drop --device)")
     if args.device == "all":
         return trace_mod.load_snapshot_devices(args.trace)
-    try:
-        return {args.device: trace_mod.load_snapshot(args.trace, device=args.device)}
-    except trace_mod.DeviceChoiceError as e:
-        raise ValueError(f"{args.trace}: --device {args.device}: no such device in the snapshot "
-                         f"(devices with data: {e.devices})") from None
+    # Every device with events or segments, read once: a device that has neither (one
+    # of device_traces' empty lists) is refused like one past the list, not planned as
+    # 0 buffers.
+    with_data = trace_mod.load_snapshot_devices(args.trace)
+    if args.device not in with_data:
+        raise ValueError(f"{args.trace}: --device {args.device}: no data for that device in the "
+                         f"snapshot (devices with data: {sorted(with_data)})")
+    return {args.device: with_data[args.device]}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -676,6 +679,14 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
                                     "lower_bound_bytes", "pytorch_reserved_bytes",
                                     "pytorch_reserved_at_dump_bytes", "plan_seconds")}
     totals["optimal"] = all(o["optimal"] for o in per.values())
+    # The total's PyTorch column: each device's peak reserved, or its reserved bytes at
+    # dump time where the snapshot has no segment events (marked), so that the sum is
+    # compared with the sum of the LOADs of the same devices.
+    if totals["pytorch_reserved_bytes"] is None:
+        each = [o["pytorch_reserved_bytes"] if o["pytorch_reserved_bytes"] is not None
+                else o["pytorch_reserved_at_dump_bytes"] for o in per.values()]
+        totals["pytorch_reserved_at_dump_bytes"] = (None if any(v is None for v in each)
+                                                    else sum(each))
     if args.json:
         print(json.dumps({"devices": [{"device": d, **o} for d, o in per.items()], "total": totals}))
         return 0

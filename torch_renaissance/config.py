@@ -177,6 +177,17 @@ def _range_text(name: str) -> str:
     return " (a bool: True/False, 1/0, yes/no, on/off)"
 
 
+def _short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut in the middle past ``limit`` characters (a 400-digit number)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails is still named by type
+        return f"<{type(value).__name__}>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-10:]} ({len(text)} characters)"
+
+
 def _convert(key: str, value: Any) -> Any:
     """Converts one config value, raising ValueError naming the key."""
     parse = _parsers().get(key)
@@ -185,8 +196,8 @@ def _convert(key: str, value: Any) -> Any:
                          + ", ".join(_parsers()))
     try:
         return parse(value)
-    except (ValueError, KeyError, TypeError):
-        raise ValueError(f"torch_renaissance: bad value {value!r} for config key '{key}'"
+    except (ValueError, KeyError, TypeError, OverflowError):
+        raise ValueError(f"torch_renaissance: bad value {_short_repr(value)} for config key '{key}'"
                          + _range_text(key)) from None
 
 
@@ -252,8 +263,8 @@ def make_config(**overrides: Any) -> Config:
             message names it).
     """
     env = parse_conf(os.environ.get(ENV_VAR, ""))
+    given = {key: _convert(key, value) for key, value in overrides.items()}  # unknown keys first
     _check_one_unit(overrides, "as keyword arguments")
-    given = {key: _convert(key, value) for key, value in overrides.items()}
     fields: Dict[str, Any] = {}
     # The environment first; a keyword replaces the environment's value in any unit.
     for source in (env, given):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -139,6 +139,8 @@ class StreamManager:
         Raises:
             KeyError: an unknown role.
             TypeError: with SimDevice, ``tensor`` is not an int address.
+            InvalidPointerError: with SimDevice, the address is not a live allocation
+                of the arena; no event is recorded.
         """
         src = self.stream(from_ or self.current())
         dst = self.stream(to)
@@ -147,12 +149,12 @@ class StreamManager:
                 raise TypeError("StreamManager(sim=...).handoff takes the int address of an "
                                 f"arena allocation, not {type(tensor).__name__}")
             if src != dst:
+                if tensor:  # first: a freed or foreign address is refused before any event
+                    self._arena.record_stream(tensor, dst)
                 ev = self._sim.create_event()
                 self._sim.record_event(ev, src)
                 self._sim.stream_wait_event(dst, ev)
                 self._sim.destroy_event(ev)
-                if tensor:
-                    self._arena.record_stream(tensor, dst)
             return tensor
         if self.trivial or src == dst:
             return tensor
@@ -179,9 +181,15 @@ class StreamManager:
         Args:
             iterable: batches of tensors.
             to: the target device (default: the manager's device).
+
+        Raises:
+            ValueError: the manager is a simulated one (``sim=...``).
         """
         from torch.utils._pytree import tree_leaves, tree_map
 
+        if self._sim is not None:
+            raise ValueError("StreamManager(sim=...).prefetch: a simulated manager has no device "
+                             "to copy batches to; prefetch takes a manager made for a device")
         target = torch.device(to) if to is not None else self.device
         copy = not self.trivial and target.type != "cpu"
 
@@ -206,7 +214,12 @@ class StreamManager:
                         t.record_stream(dst)
             return batch
 
-        it = iter(iterable)
+        return self._prefetch(iter(iterable), fetch, hand)
+
+    @staticmethod
+    def _prefetch(it: Iterator[Any], fetch: Callable[[Iterator[Any]], Any],
+                  hand: Callable[[Any], Any]) -> Iterator[Any]:
+        """prefetch's generator: fetches batch i + 1 before yielding batch i."""
         try:
             nxt = fetch(it)
         except StopIteration:

@@ -930,6 +930,14 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   if (over_limit_locked(bytes) && pool == PoolKind::kLarge) bytes = rounded;  // last resort: exact
   if (over_limit_locked(bytes)) return nullptr;
   void* p = device_->reserve(bytes);
+  const std::size_t own = std::max(round_up(rounded, config_.round_large), rounded);
+  if (!p && own < bytes) {
+    // The shared segment size (large_segment, small_segment) does not fit on
+    // the device although the request would: a segment of the request's own
+    // size, as for a request above min_large_alloc.
+    bytes = own;
+    p = device_->reserve(bytes);
+  }
   if (!p) return nullptr;
   ++stats_.num_device_alloc;
   auto seg = std::make_unique<Segment>();

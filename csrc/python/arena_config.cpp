@@ -43,7 +43,11 @@ config_table::Value value_of(const config_table::Key& k, py::handle v) {
       if ((!py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v)) || is_bool) {
         throw py::value_error("arena option '" + key + "' must be a float");
       }
-      return config_table::Value::of_float(v.cast<double>());
+      try {
+        return config_table::Value::of_float(v.cast<double>());
+      } catch (const py::cast_error&) {  // an int past a double's range (10**400)
+        throw py::value_error("arena option '" + key + "' is out of range");
+      }
     case config_table::Type::kChoice:
       if (!py::isinstance<py::str>(v)) {
         throw py::value_error("arena option '" + key + "' must be a str");

@@ -40,6 +40,11 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   py::dict d;
   d["num_alloc_retries"] = s.num_alloc_retries;
   d["num_ooms"] = s.num_ooms;
+  // PyTorch counts here the requests refused up front by its
+  // per_process_memory_fraction + throw_on_cudamalloc_oom policy; the arena has
+  // no such policy (a request over max_reserved_bytes first empties the cache,
+  // then raises OutOfMemoryError, counted in num_ooms).
+  d["num_oom_rejections"] = 0;
   d["max_split_size"] = -1;
   d["num_sync_all_streams"] = s.num_sync_all_streams;
   d["num_device_alloc"] = s.num_device_alloc;

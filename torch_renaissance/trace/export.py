@@ -7,7 +7,8 @@ from __future__ import annotations
 import bisect
 import os
 import pickle
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -298,7 +299,8 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
 
     The file is written with pickle protocol 4 (``MemoryViz.js`` reads protocols 2 to 4) and
     holds plain data only, so :func:`load_snapshot` reads it back. The file is replaced
-    atomically.
+    atomically, keeping its mode (a new file gets 0666 less the umask, as ``open`` gives); a
+    symbolic link is written through to the file it names.
 
     Args:
         snapshot (dict): a snapshot, e.g. from :func:`to_snapshot`.
@@ -308,15 +310,43 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
         ValueError: ``snapshot`` is not a snapshot dict, holds something other than plain
             data, or plain data that :func:`load_snapshot` would refuse (a float or tuple
             dict key, nesting past :data:`PICKLE_MAX_DEPTH`, a cycle); the file is then left
-            untouched.
+            untouched; ``path`` names something other than a regular file (a device such as
+            ``/dev/full``, a FIFO, a directory), and nothing is written.
         OSError: the file cannot be written.
     """
     target = os.fspath(path)
     check_snapshot_shape(snapshot, Where(target))
     _check_loadable(snapshot)
-    directory = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix=".snapshot-", suffix=".tmp", dir=directory)
+    # A symbolic link is written through (the file it names is replaced, the link
+    # stays); anything but a regular file (a device such as /dev/full, a FIFO, a
+    # directory) is refused before anything is written.
+    target = os.path.realpath(target)
     try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"save_snapshot: {target} is not a regular file (a device, FIFO or directory); "
+            f"a snapshot is written to regular files only, nothing was written"
+        )
+    directory = os.path.dirname(target)
+    # The temporary file is created with mode 0666 less the umask, as open() would
+    # make the file (mkstemp's 0600 would leave the snapshot unreadable to others);
+    # an existing file keeps its mode.
+    mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666
+    for _ in range(100):
+        tmp = os.path.join(directory, f".snapshot-{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
+            break
+        except FileExistsError:
+            continue
+    else:  # pragma: no cover - 100 collisions of 64 random bits
+        raise FileExistsError(f"save_snapshot: no free temporary name in {directory}")
+    try:
+        if st is not None:
+            os.chmod(tmp, mode)  # the existing file's mode, whatever the umask
         with os.fdopen(fd, "wb") as f:
             _PlainPickler(f, protocol=EXPORT_PROTOCOL).dump(snapshot)
         os.replace(tmp, target)
