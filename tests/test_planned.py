@@ -33,10 +33,14 @@ def run_scenario(body: str, *args: str) -> dict:
     return run_json(PRELUDE + textwrap.dedent(body), *args)
 
 
+# The plan budget is raised from 250 ms a search: the pinned re-plans run
+# the search up to three times, and at load 10+ on 2 cores a 250 ms search
+# stopped at 7,182,336 bytes of a 7,097,088 bound (reserved 1.012 x LOAD,
+# against 1.007 when it reaches the bound).
 GPT_30 = """
     mode = sys.argv[1]
     if mode == "planned":
-        tr.install("cpu")
+        tr.install("cpu", plan_budget_ms=5000)
     cfg = gpt.GPTConfig(vocab_size=512, seq_len=64, d_model=128, n_layer=2, n_head=4)
     model, opt = gpt.make(cfg, seed=0)
     gen = torch.Generator().manual_seed(1)
@@ -73,48 +77,87 @@ def test_gpt_30_steps_planned_hits_stability_and_load():
     assert last["num_ooms"] == 0
 
 
+# A deviation: a block the plan lets die mid-step is kept alive in step 5 (a
+# user holding on to a tensor once) while the plan reuses its bytes later in
+# the same step.  The controlled tail of the step makes that reuse certain:
+# `act` and `h` are alive together, then `act` dies and `t` (the same size)
+# is made while `h` still lives, so a layout of height 2 N (+ the GPT step's
+# small leftovers) must put `t` over `act`'s bytes.  The test checks that
+# overlap in a planned step before it relies on it.
 KEEP_ALIVE = """
     tr.install("cpu")
     cfg = gpt.GPTConfig(vocab_size=512, seq_len=64, d_model=128, n_layer=2, n_head=4)
     model, opt = gpt.make(cfg, seed=0)
     gen = torch.Generator().manual_seed(1)
+    N = 8 * (1 << 20) + 3 * 4096          # bytes; larger than anything the GPT step makes
     kept = {}
-    def hook(mod, inp, out):
-        if capture:
-            kept["act"] = out
-    model.blocks[0].mlp[0].register_forward_hook(hook)
     out = []
     for i in range(9):
-        capture = (i == 5)
         x, y = gpt.synthetic_batch(gen, 4, 64, cfg.vocab_size)
         with tr.step():
             gpt.train_step(model, opt, x, y)
+            act = torch.full((N // 4,), float(i))
+            h = act + 1.0
             if i == 5:
-                kept["act"].detach().fill_(7.0)      # a pattern in the activation we keep
-                kept["addr"] = kept["act"].data_ptr()
+                kept["act"] = act                 # kept past its planned death
+                act.fill_(-1.0)                   # a pattern nothing in the step writes
+                kept["addr"] = act.data_ptr()
+            del act
+            t = torch.zeros(N // 4)
+            t += h
+            del h, t
         s = snap()
         s["step"] = i
+        r = tr.get_arena("cpu").last_step()
+        s["big"] = [(e["address"], e["size"]) for e in r["entries"] if e["size"] == N]
         if i == 6:
-            s["pattern_ok"] = bool((kept["act"] == 7.0).all())
-            s["kept_size"] = kept["act"].numel() * 4
+            s["pattern_ok"] = bool((kept["act"] == -1.0).all())
             del kept["act"]
+        if i == 5:
+            s["kept_addr"] = kept["addr"]
         out.append(s)
-    print(json.dumps(out))
+    print(json.dumps({"N": N, "steps": out}))
 """
 
 
+def _overlap(a, b) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
 def test_keep_alive_deviation_is_safe_and_recovers():
-    steps = {s["step"]: s for s in run_scenario(KEEP_ALIVE)}
-    assert steps[4]["renaissance.last_step_hits"] == steps[4]["renaissance.last_step_allocations"]
-    assert steps[6]["pattern_ok"], "the kept activation was overwritten"
-    # Whatever was planned over the kept range (later in step 5, and in step 6)
-    # went to the dynamic pool instead, and was counted.
-    assert steps[5]["renaissance.planned_conflicts"] > steps[4]["renaissance.planned_conflicts"]
-    assert steps[6]["renaissance.planned_conflicts"] > steps[5]["renaissance.planned_conflicts"]
-    assert steps[6]["renaissance.planned_misses"] == 0
-    s7 = steps[7]
-    assert s7["renaissance.planned_conflicts"] == steps[6]["renaissance.planned_conflicts"]
-    assert s7["renaissance.last_step_hits"] == s7["renaissance.last_step_allocations"]
+    res = run_scenario(KEEP_ALIVE)
+    steps = {s["step"]: s for s in res["steps"]}
+    s4, s5, s6, s7 = steps[4], steps[5], steps[6], steps[7]
+    assert s4["renaissance.last_step_hits"] == s4["renaissance.last_step_allocations"]
+    # The premise: in a planned step the plan puts t over act's bytes.
+    act4, h4, t4 = s4["big"]
+    assert _overlap(act4, t4) and not _overlap(act4, h4) and not _overlap(h4, t4), s4["big"]
+    # Step 5 keeps act: it was still served at its planned address ...
+    act5, h5, t5 = s5["big"]
+    assert act5 == act4 and s5["kept_addr"] == act4[0]
+    # ... and t, planned over it, went elsewhere: a conflict, counted.
+    assert not _overlap(t5, act5), s5["big"]
+    assert s5["renaissance.planned_conflicts"] > s4["renaissance.planned_conflicts"]
+    assert s5["renaissance.planned_misses"] == 0
+    # Step 6: act's own slot is still held (the kept tensor dies after step 6),
+    # so act and t are served elsewhere; the kept pattern survives.
+    assert s6["pattern_ok"], "the kept activation was overwritten"
+    act6, h6, t6 = s6["big"]
+    assert not _overlap(act6, act4) and not _overlap(t6, act4), s6["big"]
+    assert s6["renaissance.planned_conflicts"] >= s5["renaissance.planned_conflicts"] + 2
+    assert s6["renaissance.planned_misses"] == 0
+    # Steps 7 and 8: planned again, no new conflict, every request a hit. The
+    # conflicts of steps 5 and 6 re-planned step 7 around the kept tensor (a
+    # larger layout); once it had died, step 8 got the first plan back: its
+    # size, its addresses and the reserved bytes of step 4.
+    for s in (s7, steps[8]):
+        assert s["renaissance.planned_conflicts"] == s6["renaissance.planned_conflicts"], s
+        assert s["renaissance.last_step_hits"] == s["renaissance.last_step_allocations"], s
+        assert s["renaissance.planned_misses"] == 0
+    s8 = steps[8]
+    assert s8["big"] == s4["big"]
+    assert s8["renaissance.plan_bytes"] == s4["renaissance.plan_bytes"]
+    assert s8["reserved_bytes.all.current"] == s4["reserved_bytes.all.current"]
 
 
 VARIANTS = """

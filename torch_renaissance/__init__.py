@@ -32,7 +32,7 @@ from torch_renaissance.stats import (
 from torch_renaissance.cuda import mem_pool
 from torch_renaissance.memory_plan import MemoryPlan
 from torch_renaissance.model_slots import ModelSlots
-from torch_renaissance.step import auto_steps, planned, step, stop_auto_steps
+from torch_renaissance.step import auto_steps, planned, step, step_on, stop_auto_steps, stop_step_on
 from torch_renaissance.streams import StreamManager
 
 __version__ = "0.1.0"
@@ -42,6 +42,6 @@ __all__ = [
     "empty_cache", "export_snapshot", "fragmentation", "max_memory_allocated", "max_memory_reserved",
     "memory_allocated", "memory_reserved", "memory_stats", "memory_stats_as_nested_dict",
     "memory_summary", "reset_accumulated_memory_stats", "reset_peak_memory_stats",
-    "auto_steps", "planned", "step", "stop_auto_steps", "mem_pool", "MemoryPlan",
+    "auto_steps", "planned", "step", "step_on", "stop_auto_steps", "stop_step_on", "mem_pool", "MemoryPlan",
     "StreamManager", "ModelSlots",
 ]

@@ -1,21 +1,22 @@
-"""``torch-renaissance``: run a script on the planned arena, the demo, plan a trace.
+"""torch-renaissance: run a PyTorch program on the planned arena, show the demo, plan a trace.
 
-Subcommands (``torch-renaissance <cmd> --help`` for options):
+Commands (torch-renaissance COMMAND --help for each one's options):
 
-* ``run SCRIPT [ARGS...]`` runs an unchanged PyTorch script as ``python SCRIPT``
-  would, with the allocator installed before its first tensor and every
-  ``optimizer.step()`` as a step boundary; prints a memory report to stderr at
-  exit (``--report PATH`` also writes it as JSON).
-* ``demo`` trains the bundled GPT with PyTorch's default CPU allocator, the
-  dynamic pool only, and the planned arena (one process each) and prints the
-  numbers side by side.
-* ``plan TRACE`` plans a recorded trace (PyTorch snapshot pickle or
-  ``id,lower,upper,size`` CSV) and prints LOAD, greedy by size, our plan,
-  PyTorch's recorded peak reserved and the planning time.
+  run SCRIPT [ARGS...]    run an unchanged PyTorch script as `python SCRIPT ARGS` would, with
+  run -m MODULE [ARGS...] the allocator installed before its first tensor; every
+                          optimizer.step() is a step boundary (--step-on adds others); prints a
+                          memory report to stderr at exit (--report PATH: also as JSON)
+  demo                    train the bundled GPT with PyTorch's CPU allocator, the dynamic pool
+                          only, and the planned arena (one process each), numbers side by side
+  plan TRACE              plan a recorded trace (PyTorch snapshot pickle or id,lower,upper,size
+                          CSV): LOAD, greedy by size, our plan, PyTorch's peak reserved
+
+Also: python -m torch_renaissance ...
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import runpy
@@ -33,65 +34,303 @@ def _mib(n: Optional[float]) -> str:
 # run
 # ---------------------------------------------------------------------------
 
+def _ratio(v: Optional[float]) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
 def _print_report(rep: dict, out) -> None:
     lines = [
         "torch_renaissance memory report",
         f"  device                 {rep['device']}",
         f"  peak allocated         {_mib(rep['peak_allocated_bytes'])}",
-        f"  peak reserved          {_mib(rep['peak_reserved_bytes'])}",
+        f"  peak reserved          {_mib(rep['peak_reserved_bytes'])}  (/ peak allocated "
+        f"{_ratio(rep['peak_reserved_over_peak_allocated'])}, whole run)",
         f"  fragmentation          {100 * rep['fragmentation']:.1f}%  (1 - peak allocated / peak reserved)",
         f"  allocations            {rep['allocations']}",
         f"  out-of-memory errors   {rep['num_ooms']}",
+        f"  step boundaries        {rep.get('step_boundaries', rep['steps'])}"
+        + (f"  (mean {1000 * rep['mean_step_seconds']:.1f} ms)" if rep["mean_step_seconds"] else ""),
     ]
-    if rep["steps"]:
-        lines.append(f"  optimizer steps        {rep['steps']}  (mean {1000 * rep['mean_step_seconds']:.1f} ms)")
+    if rep["planned_steps"]:
         lines.append(f"  planned steps          {rep['planned_steps']}  (hits {rep['plan_hits']}, misses "
-                     f"{rep['plan_misses']}, conflicts {rep['plan_conflicts']})")
-        if rep["load_bytes"]:
-            lines.append(f"  LOAD (lower bound)     {_mib(rep['load_bytes'])}  (peak reserved / LOAD "
-                         f"{rep['peak_reserved_over_load']:.3f})")
+                     f"{rep['plan_misses']}, conflicts {rep['plan_conflicts']}, hit rate "
+                     f"{100 * rep['plan_hit_rate']:.1f}%)")
+        lines.append(f"  LOAD (lower bound)     {_mib(rep['load_bytes'])}  (plan {_mib(rep['plan_bytes'])}, "
+                     f"{rep['variants']} variants, {rep['layouts']} layouts)")
         lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  (last step)")
+    if rep["steady_reason"] is None:
+        lines.append(f"  steady peak reserved   {_mib(rep['steady_peak_reserved_bytes'])}  (/ peak allocated "
+                     f"{_ratio(rep['steady_peak_reserved_over_peak_allocated'])}, / LOAD "
+                     f"{_ratio(rep['steady_peak_reserved_over_load'])}; after the first replayed step)")
+    else:
+        lines.append(f"  steady state           n/a: {rep['steady_reason']}")
+    lines.append(f"  reserved, not live     {_mib(rep['reserved_bytes'] - rep['allocated_bytes'])} at "
+                 f"{rep.get('reserved_where', 'exit')}: "
+                 f"{_mib(rep['territory_free_bytes'])} planned territory gaps, "
+                 f"{_mib(rep['dynamic_cache_bytes'])} dynamic pool cache, "
+                 f"{_mib(rep['persistent_free_bytes'])} persistent segment")
+    if rep.get("above_load_bytes") is not None:
+        lines.append(f"  above LOAD             {_mib(rep['above_load_bytes'])} (steady peak reserved - LOAD): "
+                     f"{_mib(rep['plan_over_bound_bytes'])} plan over its bound (obstacles, slots shared by "
+                     f"variants), {_mib(rep['dynamic_cache_bytes'])} dynamic pool cache, "
+                     f"{_mib(rep['persistent_free_bytes'])} persistent segment free")
     print("\n".join(lines), file=out, flush=True)
 
 
-def _print_script_error(e: BaseException, script: str) -> None:
+def _print_script_error(e: BaseException, script: Optional[str]) -> None:
     """Prints a traceback starting at the script's own frames (as ``python SCRIPT``)."""
     import traceback
 
     tb = e.__traceback__
-    target = os.path.abspath(script)
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+    target = os.path.abspath(script) if script else None
+    while target and tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
         tb = tb.tb_next
     traceback.print_exception(type(e), e, tb or e.__traceback__)
 
 
+# The steady state starts after this many replayed steps (as the demo: the
+# recorded steps and the first replay behind).
+STEADY_AFTER = 1
+
+
+class _Recorder:
+    """What ``run`` keeps at each step boundary: the steady-state reset and the timeline.
+
+    Once the first replayed step is over (the recorded steps and the first
+    replay behind), it keeps the peaks so far and resets them, as the demo
+    does; ``--plot`` samples (seconds, allocated, reserved) at every
+    allocator event through a cheap poll at each boundary and in between.
+    """
+
+    def __init__(self, devices: List[str]) -> None:
+        import time
+
+        self.devices = devices
+        self.earlier: dict = {}
+        self.t0 = time.perf_counter()
+        self.samples: List[tuple] = []   # (seconds, allocated bytes, reserved bytes)
+        self.boundaries: List[float] = []
+        self.replayed_at: Optional[float] = None
+        self.where: dict = {}  # device -> (reserved, allocated, where_reserved()) at the last boundary
+
+    def boundary(self) -> None:
+        import time
+
+        import torch_renaissance as tr
+
+        now = time.perf_counter() - self.t0
+        self.boundaries.append(now)
+        for d in self.devices:
+            a = tr.installer.active_arena(d)
+            if a is None or d in self.earlier:
+                continue
+            s = tr.memory_stats(d)
+            if s["renaissance.planned_steps"] >= STEADY_AFTER:
+                self.earlier[d] = (s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"])
+                tr.reset_peak_memory_stats(d)
+                if self.replayed_at is None:
+                    self.replayed_at = now
+            if d in self.earlier:
+                s = tr.memory_stats(d)
+                self.where[d] = (s["reserved_bytes.all.current"], s["allocated_bytes.all.current"],
+                                 tr.stats.where_reserved(d))
+        self.sample()
+
+    def sample(self) -> None:
+        import time
+
+        import torch_renaissance as tr
+
+        d = self.devices[0]
+        if tr.installer.active_arena(d) is None:
+            return
+        a = tr.installer.get_arena(d)
+        st = a.stats()
+        self.samples.append((time.perf_counter() - self.t0, st["allocated_bytes"]["all"]["current"],
+                             st["reserved_bytes"]["all"]["current"]))
+
+
+def _sampler(rec: _Recorder, stop, period: float) -> None:
+    while not stop.wait(period):
+        rec.sample()
+
+
+def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = None) -> None:
+    """Draws allocated and reserved bytes over time with the step boundaries (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ts = [t for t, _, _ in rec.samples]
+    ax.plot(ts, [a / 2**20 for _, a, _ in rec.samples], label="allocated", lw=1)
+    ax.plot(ts, [r / 2**20 for _, _, r in rec.samples], label="reserved", lw=1.5)
+    for i, b in enumerate(rec.boundaries):
+        ax.axvline(b, color="0.8", lw=0.6, zorder=0, label="step boundary" if i == 0 else None)
+    if load:
+        ax.axhline(load / 2**20, color="k", ls="--", lw=0.8, label="LOAD (lower bound)")
+    if rec.replayed_at is not None:
+        ax.axvline(rec.replayed_at, color="tab:green", lw=1, label="steady state from here")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("MiB")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _program_source(module: Optional[str], script: Optional[str]) -> Optional[str]:
+    """The source text of the program run will run (None when it cannot be read)."""
+    path = script
+    if module:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        if spec.submodule_search_locations:  # a package: python -m runs its __main__
+            try:
+                spec = importlib.util.find_spec(module + ".__main__")
+            except (ImportError, ValueError):
+                return None
+        path = spec.origin if spec is not None else None
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _calls_install(source: str) -> bool:
+    """True if ``source`` calls torch_renaissance's ``install`` itself
+    (``tr.install(...)``, ``torch_renaissance.install(...)``,
+    ``from torch_renaissance import install``, ``installer.install(...)``)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    modules, names = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "torch_renaissance" or a.name.startswith("torch_renaissance."):
+                    modules.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch_renaissance"):
+            for a in node.names:
+                if a.name == "install":
+                    names.add(a.asname or a.name)
+                elif a.name == "installer":
+                    modules.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in names:
+            return True
+        if isinstance(f, ast.Attribute) and f.attr == "install":
+            root = f.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in modules:
+                return True
+    return False
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    import threading
+
     import torch_renaissance as tr
 
     devices = ["cpu"]
     if args.cuda:
         devices.append("cuda")
-    script = args.script
-    if not os.path.exists(script):
+    module = args.module
+    script = None if module else args.script
+    if module is None and script is None:
+        print("torch-renaissance run: give a script or -m MODULE", file=sys.stderr)
+        return 2
+    if script is not None and not os.path.exists(script):
         print(f"torch-renaissance run: no such script: {script}", file=sys.stderr)
         return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("torch-renaissance run: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+    rec = _Recorder(devices)
+    # A program that installs torch_renaissance itself (with its options)
+    # keeps its install: run installs nothing before it, and its boundaries
+    # start once the program's install() returned. One that marks its own
+    # steps (step(), @planned) keeps those: the first one stops run's
+    # optimizer-step boundaries (torch_renaissance.step).
+    source = _program_source(module, script)
+    own_install = source is not None and _calls_install(source)
+    holder: dict = {"steps": None}
+
+    def start_steps() -> None:
+        if holder["steps"] is None:
+            ready = [d for d in devices if tr.installer.is_installed(d)]
+            if ready:
+                holder["steps"] = tr.auto_steps(ready)
+                holder["steps"].on_boundary.append(rec.boundary)
+
+    originals = (tr.install, tr.installer.install)
     try:
-        for d in devices:
-            tr.install(d)
-        # CUDA is not initialized here: the script may pick its device first.
-        steps = tr.auto_steps(devices)
+        if own_install:
+            def install(device="cpu", **config):
+                originals[1](device, **config)
+                start_steps()
+
+            install.__doc__ = originals[1].__doc__
+            tr.install = tr.installer.install = install
+        else:
+            for d in devices:
+                tr.install(d)
+            # CUDA is not initialized here: the script may pick its device first.
+            start_steps()
     except (ValueError, RuntimeError, ImportError) as e:
         print(f"torch-renaissance run: {e}", file=sys.stderr)
         return 2
+    stepmod = importlib.import_module("torch_renaissance.step")
+    stepmod.step_end_hooks.append(rec.boundary)
     report_file = _open_report(args.report) if args.report else None
     if report_file is False:
         return 2
-    sys.argv = [script] + list(args.args)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    script_args = list(args.args)
+    if module is None and script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    if module:
+        sys.argv = [module] + script_args
+        sys.path.insert(0, os.getcwd())
+    else:
+        sys.argv = [script] + script_args
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
+    stop = threading.Event()
+    sampler = None
+    if args.plot:
+        sampler = threading.Thread(target=_sampler, args=(rec, stop, 0.005), daemon=True)
+        sampler.start()
     parent = os.getpid()
     try:
-        runpy.run_path(script, run_name="__main__")
+        # --step-on names may live in the script's own modules: resolved
+        # once the script's folder is importable, before it runs.
+        for name in args.step_on or ():
+            tr.step_on(name, devices[0], on_step_end=rec.boundary)
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
@@ -99,37 +338,76 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as e:
         _print_script_error(e, script)
         code = 130  # as python does on Ctrl-C
+    except ValueError as e:
+        if str(e).startswith("step_on:"):
+            print(f"torch-renaissance run: --step-on: {e}", file=sys.stderr)
+            code = 2
+        else:
+            _print_script_error(e, script)
+            code = 1
     except BaseException as e:  # the script's own error: show it like python would
         _print_script_error(e, script)
         code = 1
     finally:
+        stop.set()
+        if sampler is not None:
+            sampler.join()
+        tr.stop_auto_steps()
+        tr.stop_step_on()
+        tr.install, tr.installer.install = originals
+        if rec.boundary in stepmod.step_end_hooks:
+            stepmod.step_end_hooks.remove(rec.boundary)
         # A child the script forked (os.fork()) that returned or exited through SystemExit
         # reports nothing: the report is the parent's, once.
         if os.getpid() == parent:
-            code = _finish_run(tr, steps, devices, report_file, code)
+            code = _finish_run(tr, args, rec, holder, devices, report_file, code, module, script)
     return code
 
 
-def _finish_run(tr, steps, devices, report_file, code: int) -> int:
-    """Stops the automatic steps, prints the report of every device the script used and
-    writes ``--report``; the exit code (2 when the script succeeded and the report could
-    not be written)."""
-    tr.stop_auto_steps()
-    times = steps.times
-    # The first interval runs from the install to the first optimizer step:
-    # imports, model building, the first step. Steps are counted from it,
-    # the mean step time without it.
+def _finish_run(tr, args, rec, holder, devices, report_file, code: int, module, script) -> int:
+    """Prints the report of every device the script used, writes ``--report`` and draws
+    ``--plot``; the exit code (2 when the script succeeded and the report could not be
+    written)."""
+    times = holder["steps"].times if holder["steps"] is not None else []
     # CUDA: the device the script left current; nothing to report when
     # the script never initialized CUDA.
     used = [d for d in devices if tr.installer.active_arena(d) is not None]
     if len(used) < len(devices):
         print("torch-renaissance run: the script did not use CUDA; no CUDA report",
               file=sys.stderr)
-    reports = [tr.stats.report(d, times) for d in used]
+    # Step boundaries made by --step-on count too (the arena counts them).
+    reports = []
+    for d in used:
+        n = len(rec.boundaries)  # optimizer steps and --step-on calls
+        reason = None
+        if n == 0:
+            reason = ("no step boundary was seen: run makes each optimizer.step() one; for "
+                      "inference give --step-on (e.g. transformers.GenerationMixin.generate)")
+        rep = tr.stats.report(d, times, rec.earlier.get(d), reason)
+        rep["step_boundaries"] = n
+        if d in rec.where:  # at the last step boundary, not at exit (the program freed its tensors)
+            res, alloc, where = rec.where[d]
+            rep.update(reserved_bytes=res, allocated_bytes=alloc, territory_free_bytes=where["territory_free"],
+                       dynamic_cache_bytes=where["dynamic_cache"], persistent_free_bytes=where["persistent_free"])
+            rep["reserved_where"] = "last step boundary"
+            st = tr.memory_stats(d)
+            if rep["steady_peak_reserved_bytes"] is not None and rep["load_bytes"]:
+                rep["above_load_bytes"] = rep["steady_peak_reserved_bytes"] - rep["load_bytes"]
+                rep["plan_over_bound_bytes"] = max(0, st["renaissance.plan_bytes"] - st["renaissance.step_load_bytes"]
+                                                   - st["renaissance.obstacle_bytes"])
+        else:
+            rep["reserved_where"] = "exit"
+        reports.append(rep)
     for rep in reports:
         _print_report(rep, sys.stderr)
     if report_file:
-        code = _write_report(report_file, reports[0] if len(reports) == 1 else reports, code)
+        code = _write_report(report_file, reports[0] if len(reports) == 1 else reports,
+                             code)
+    if args.plot and reports:
+        rec.sample()
+        plot_timeline(rec, args.plot, f"torch-renaissance run {module or os.path.basename(script)}",
+                      reports[0]["load_bytes"])
+        print(f"torch-renaissance run: memory over time drawn to {args.plot}", file=sys.stderr)
     return code
 
 
@@ -477,30 +755,75 @@ def _int_at_least(minimum: int, why: str = ""):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torch-renaissance", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each option's help (where there is one); descriptions keep their line breaks."""
 
-    r = sub.add_parser("run", help="run a PyTorch script on the planned arena")
-    r.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+RUN_DESCRIPTION = """\
+Runs SCRIPT (or -m MODULE) as python would, with torch_renaissance installed as PyTorch's CPU
+allocator (and CUDA's with --cuda) before the program's first tensor. The program is not changed.
+
+Where step boundaries come from: every optimizer.step() ends one step and starts the next
+(PyTorch's global optimizer step hook; with several optimizers, the first one seen); each
+outermost call of a function named by --step-on is one step too (inference: generate(), a
+serving function). Steps 1 and 2 are recorded, the plan is made at the end of step 2, later
+steps replay it. A program with no boundary runs on the dynamic pool, unplanned; the report says so.
+A program that calls torch_renaissance.install() itself keeps its options (run installs
+nothing before it), and one that marks its own steps (torch_renaissance.step(), @planned) keeps
+them (its first step ends run's optimizer-step boundaries).
+
+Options of run come before SCRIPT; everything after SCRIPT (or MODULE) goes to the program.
+At exit a memory report goes to stderr: whole-run peaks, the steady state (peaks after the first
+replayed step), LOAD (the lower bound), and where reserved bytes that hold nothing are."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from torch_renaissance import __version__
+
+    p = argparse.ArgumentParser(prog="torch-renaissance", description=__doc__, formatter_class=_HelpFormatter)
+    p.add_argument("--version", action="version", version=f"torch-renaissance {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run a PyTorch program on the planned arena", description=RUN_DESCRIPTION,
+                       formatter_class=_HelpFormatter)
+    r.add_argument("--report", metavar="PATH", default=None, help="also write the report as JSON to PATH")
     r.add_argument("--cuda", action="store_true", help="also install the CUDA allocator")
-    r.add_argument("script")
-    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.add_argument("--step-on", metavar="NAME", action="append", default=None,
+                   help="make each outermost call of NAME (module.function or module.Class.method, "
+                        "e.g. transformers.GenerationMixin.generate) one step; repeatable")
+    r.add_argument("--plot", metavar="PATH", default=None,
+                   help="draw allocated and reserved bytes over time, with step boundaries, to PATH "
+                        "(PNG; needs matplotlib)")
+    r.add_argument("-m", dest="module", metavar="MODULE", default=None,
+                   help="run library module MODULE as a script (as python -m); ends run's options")
+    r.add_argument("script", nargs="?", default=None, help="the Python script to run")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script or module")
     r.set_defaults(fn=cmd_run)
 
-    d = sub.add_parser("demo", help="train the bundled GPT under three allocators")
+    d = sub.add_parser("demo", help="train the bundled GPT under three allocators",
+                       description="Trains the bundled GPT (random init, synthetic tokens) with PyTorch's "
+                                   "default CPU allocator, the dynamic pool only, and the planned arena, "
+                                   "one process each, and prints the numbers side by side.",
+                       formatter_class=_HelpFormatter)
     d.add_argument("--steps", type=_int_at_least(4, " (steps 0-2 record, plan and replay; the "
                                                      "mean step time is over steps 3 on)"),
-                   default=20)
-    d.add_argument("--batch", type=_int_at_least(1), default=4)
-    d.add_argument("--seq", type=_int_at_least(1), default=128)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+                   default=20, help="training steps per run")
+    d.add_argument("--batch", type=_int_at_least(1), default=4, help="sequences per batch")
+    d.add_argument("--seq", type=_int_at_least(1), default=128, help="tokens per sequence")
+    d.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
+    d.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON to PATH")
     d.set_defaults(fn=cmd_demo)
 
-    q = sub.add_parser("plan", help="plan a recorded trace and compare")
-    q.add_argument("trace")
+    q = sub.add_parser("plan", help="plan a recorded trace and compare",
+                       description="Plans every buffer of a recorded trace and prints LOAD, greedy by size, "
+                                   "our plan, PyTorch's recorded peak reserved and the planning time.",
+                       formatter_class=_HelpFormatter)
+    q.add_argument("trace", help="a PyTorch memory snapshot pickle or an id,lower,upper,size CSV file")
     q.add_argument("--budget", type=_budget, default=1.0,
                    help="planning time budget in seconds of wall time (0-3600; default: 1.0); "
                         "the plan is the same on every machine unless the wall clock stopped "
@@ -508,14 +831,52 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--device", type=_device, default=None, metavar="N|all",
                    help="the device of a multi-device PyTorch snapshot, or 'all' (one row per "
                         "device and the totals)")
-    q.add_argument("--png", metavar="PATH", help="draw the packing (address x time)")
+    q.add_argument("--png", metavar="PATH", default=None, help="draw the packing (address x time) to PATH")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(fn=cmd_plan)
     return p
 
 
+_RUN_VALUED = ("--report", "--step-on", "--plot")
+
+
+def _split_run(argv: List[str]) -> tuple:
+    """``run``'s own options, then the program: (options, script, module, program args).
+
+    The first token that is not one of run's options (or -m MODULE) ends them, as
+    with python: everything after it belongs to the program.
+    """
+    i = 0
+    while i < len(argv):
+        t = argv[i]
+        if t == "-m":
+            if i + 1 >= len(argv):
+                return argv[:i + 1], None, None, []  # argparse reports the missing MODULE
+            return argv[:i], None, argv[i + 1], argv[i + 2:]
+        if t in _RUN_VALUED:
+            i += 2
+            continue
+        if t == "--":
+            return argv[:i], (argv[i + 1] if i + 1 < len(argv) else None), None, argv[i + 2:]
+        if t.startswith("-") and t != "-":
+            i += 1
+            continue
+        return argv[:i], t, None, argv[i + 1:]
+    return argv, None, None, []
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv[:1] == ["run"]:
+        opts, script, module, rest = _split_run(argv[1:])
+        args = parser.parse_args(["run", *opts])
+        args.script, args.module, args.args = script, module, rest
+        if script is None and module is None:
+            print("torch-renaissance run: give a script or -m MODULE (see run --help)", file=sys.stderr)
+            return 2
+        return args.fn(args)
+    args = parser.parse_args(argv)
     return args.fn(args)
 
 

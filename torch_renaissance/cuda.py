@@ -48,7 +48,7 @@ def _ext():
         raise RuntimeError(
             "torch_renaissance was built without CUDA (the installed torch has no CUDA, or no "
             "CUDA toolkit was found at build time): rebuild it with a CUDA build of torch and "
-            "CUDA_HOME set, e.g. `pip install --no-build-isolation -e .`")
+            "CUDA_HOME set, e.g. `MAX_JOBS=2 pip install --no-build-isolation .` (or `make build`)")
     return C
 
 

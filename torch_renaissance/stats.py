@@ -247,49 +247,103 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def where_reserved(device: Any = None) -> dict:
+    """Where the reserved bytes that hold no live block are, now (bytes).
+
+    Returns:
+        ``{"territory_free": ..., "dynamic_cache": ..., "persistent_free": ...}``:
+        free bytes inside the planned territory (gaps the plan leaves around
+        its obstacles and between its slots at this moment), free bytes of the
+        dynamic pool's segments outside it (its cache), and free bytes of the
+        persistent segments (optimizer state made in recorded steps).
+    """
+    out = {"territory_free": 0, "dynamic_cache": 0, "persistent_free": 0}
+    for seg in get_arena(device).snapshot():
+        # Reserved = mapped bytes; free blocks may also tile unmapped holes
+        # of expandable segments, so the free bytes are total - allocated.
+        free = seg["total_size"] - seg["allocated_size"]
+        if seg["persistent"]:
+            out["persistent_free"] += free
+            continue
+        territory = sum(b["size"] for b in seg["blocks"] if b["state"] == "inactive" and b["in_territory"])
+        out["territory_free"] += territory
+        out["dynamic_cache"] += max(0, free - territory)
+    return out
+
+
 def report(device: Any = None, step_times: Optional[list] = None,
-           earlier_peaks: Optional[tuple] = None) -> dict:
+           earlier_peaks: Optional[tuple] = None, steady_reason: Optional[str] = None) -> dict:
     """The numbers ``torch-renaissance run`` prints, as a dict (bytes, seconds).
 
     Args:
         device: as for :func:`memory_stats`.
-        step_times: seconds between consecutive optimizer steps, if seen.
+        step_times: seconds between consecutive step boundaries, if seen.
         earlier_peaks: ``(peak allocated, peak reserved)`` from before the
-            last :func:`reset_peak_memory_stats`. Then the ``peak_*`` numbers
-            cover the whole run and ``steady_*`` the time since the reset.
+            last :func:`reset_peak_memory_stats` (made once the recorded steps
+            and the first replayed step were over). Then the ``peak_*``
+            numbers cover the whole run and ``steady_*`` the time since the
+            reset; without it the ``steady_*`` numbers are None and
+            ``steady_reason`` says why in one line.
+        steady_reason: that line (default: a generic one).
+
+    ``load_bytes`` is LOAD, a lower bound: the largest LOAD of one planned
+    step (over the variants of the current layout) plus the bytes live
+    outside the step when it was planned; ``plan_bytes`` is the planned
+    territory, which can be larger (obstacles, variants sharing slots).
     """
     s = memory_stats(device)
-    steady_alloc = s["allocated_bytes.all.peak"]
-    steady_res = s["reserved_bytes.all.peak"]
+    now_alloc = s["allocated_bytes.all.peak"]
+    now_res = s["reserved_bytes.all.peak"]
+    steady = earlier_peaks is not None
     early_alloc, early_res = earlier_peaks or (0, 0)
-    peak_alloc = max(early_alloc, steady_alloc)
-    peak_res = max(early_res, steady_res)
-    load = s["renaissance.load_bytes"]
+    peak_alloc = max(early_alloc, now_alloc)
+    peak_res = max(early_res, now_res)
+    planned = s["renaissance.planned_steps"] > 0
+    load = s["renaissance.load_bytes"] if planned else 0
     times = list(step_times or [])
-    # The first interval (from the install to the first optimizer step) holds
-    # the script's start-up; the mean is over the steps after it.
-    steady = times[1:] if len(times) > 1 else times
-    return {
+    # The first interval (from the install to the first boundary) holds the
+    # script's start-up; the mean is over the steps after it.
+    later = times[1:] if len(times) > 1 else times
+    reason = None
+    if not planned:
+        reason = steady_reason or "no step was planned (no step boundary seen, or fewer than 3 steps)"
+    elif not steady:
+        reason = steady_reason or "the run ended before a step after the first replayed one"
+    ratio = lambda a, b: (a / b) if (a is not None and b) else None
+    where = where_reserved(device)
+    rep = {
         "device": str(get_arena(device).device),
         "peak_allocated_bytes": peak_alloc,
         "peak_reserved_bytes": peak_res,
         "fragmentation": fragmentation(peak_alloc, peak_res),
+        "peak_reserved_over_peak_allocated": ratio(peak_res, peak_alloc),
         "allocations": s["allocation.all.allocated"],
         "num_ooms": s["num_ooms"],
         "steps": len(times),
-        "mean_step_seconds": (sum(steady) / len(steady)) if steady else None,
+        "mean_step_seconds": (sum(later) / len(later)) if later else None,
         "planned_steps": s["renaissance.planned_steps"],
         "plan_hits": s["renaissance.planned_hits"],
         "plan_misses": s["renaissance.planned_misses"],
         "plan_conflicts": s["renaissance.planned_conflicts"],
-        "plan_hit_rate": s["renaissance.hit_rate"],
-        "load_bytes": load,
-        "peak_reserved_over_load": peak_res / load if load else None,
-        "steady_peak_reserved_bytes": steady_res,
-        "steady_peak_reserved_over_load": steady_res / load if load else None,
-        "address_stability": s["renaissance.address_stability"],
+        "plan_hit_rate": s["renaissance.hit_rate"] if planned else None,
+        "load_bytes": load if planned else None,
+        "plan_bytes": s["renaissance.plan_bytes"] if planned else None,
+        "peak_reserved_over_load": ratio(peak_res, load) if planned else None,
+        "steady_peak_allocated_bytes": now_alloc if steady else None,
+        "steady_peak_reserved_bytes": now_res if steady else None,
+        "steady_peak_reserved_over_load": ratio(now_res, load) if steady and planned else None,
+        "steady_peak_reserved_over_peak_allocated": ratio(now_res, now_alloc) if steady else None,
+        "steady_reason": reason,
+        "address_stability": s["renaissance.address_stability"] if planned else None,
         "variants": s["renaissance.variants"],
+        "layouts": s["renaissance.layouts"],
+        "reserved_bytes": s["reserved_bytes.all.current"],
+        "allocated_bytes": s["allocated_bytes.all.current"],
+        "territory_free_bytes": where["territory_free"],
+        "dynamic_cache_bytes": where["dynamic_cache"],
+        "persistent_free_bytes": where["persistent_free"],
     }
+    return rep
 
 
 def export_snapshot(path: Any, device: Any = None) -> dict:

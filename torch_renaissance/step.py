@@ -9,7 +9,10 @@ and later steps replay at the planned offsets. Mark steps with:
 * ``@torch_renaissance.planned`` on a function that runs one iteration;
 * :func:`auto_steps` (what ``torch-renaissance run`` does): every
   ``optimizer.step()`` ends a step and starts the next, through PyTorch's
-  global optimizer step post hook (``torch.optim.optimizer``).
+  global optimizer step post hook (``torch.optim.optimizer``);
+* :func:`step_on` (``torch-renaissance run --step-on NAME``): every outermost
+  call of a named function or method is one step, for loops without an
+  optimizer (``transformers.GenerationMixin.generate``, a serving function).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import inspect
 import threading
 import time
 import weakref
-from typing import Any, Callable, Hashable, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple, TypeVar
 
 from torch_renaissance.installer import active_arena, get_arena, installed_device, is_installed
 
@@ -27,6 +30,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _keys: dict = {}
 _keys_lock = threading.Lock()
+
+# Called with no arguments after each step a program marks itself (step(),
+# @planned) ended: torch-renaissance run's report keeps its steady state at
+# those boundaries when the program marks its own steps.
+step_end_hooks: List[Callable[[], None]] = []
 
 
 def _key_id(key: Hashable) -> int:
@@ -53,6 +61,10 @@ def step(device: Any = None, key: Hashable = None) -> Iterator[None]:
             steps are nested, or automatic steps are on for that arena.
     """
     arena = get_arena(device)
+    if _auto is not None and arena in _auto.open:
+        # The program marks its own steps (under torch-renaissance run, which
+        # made optimizer steps the boundaries): its steps win, for good.
+        _defer_auto_steps()
     if arena.in_step:
         raise RuntimeError("torch_renaissance.step(): a step is already open on this arena "
                            "(steps do not nest; with `torch-renaissance run`, optimizer steps "
@@ -62,6 +74,8 @@ def step(device: Any = None, key: Hashable = None) -> Iterator[None]:
         yield
     finally:
         arena.end_step()
+        for fn in step_end_hooks:
+            fn()
 
 
 def planned(fn: Optional[F] = None, *, device: Any = None, key: Hashable = None):
@@ -113,6 +127,10 @@ class _AutoSteps:
         self._last = time.perf_counter()
         self._handle = None
         self._marker: Optional[weakref.ref] = None
+        # Called with no arguments at each boundary, after the step ended and
+        # before the next begins (torch-renaissance run's steady-state reset).
+        self.on_boundary: List[Callable[[], None]] = []
+        self.deferred = False  # the program marks its own steps (step(), @planned)
 
     def _begin(self) -> None:
         self.open = []
@@ -143,6 +161,8 @@ class _AutoSteps:
         self.times.append(now - self._last)
         self._last = now
         self._end()
+        for fn in self.on_boundary:
+            fn()
         self._begin()
 
     def _end(self) -> None:
@@ -180,6 +200,17 @@ def auto_steps(devices: Optional[List[Any]] = None) -> _AutoSteps:
     return _auto
 
 
+def _defer_auto_steps() -> None:
+    """Ends the step :func:`auto_steps` keeps open and stops making optimizer
+    steps boundaries (the program marks its own); ``stop_auto_steps`` still
+    returns the times measured so far."""
+    if _auto is not None and _auto._handle is not None:
+        _auto._handle.remove()
+        _auto._handle = None
+        _auto._end()
+        _auto.deferred = True
+
+
 def stop_auto_steps() -> Optional[List[float]]:
     """Stops automatic boundaries; returns the measured step times (seconds)."""
     global _auto
@@ -188,3 +219,93 @@ def stop_auto_steps() -> Optional[List[float]]:
     _auto.stop()
     times, _auto = _auto.times, None
     return times
+
+
+def _resolve(name: str) -> Tuple[Any, str, Callable[..., Any]]:
+    """``package.module.Attr.attr`` -> (owner object, attribute name, the function)."""
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:-1]:
+                owner = getattr(owner, attr)
+            fn = getattr(owner, parts[-1])
+        except AttributeError:
+            break
+        if not callable(fn):
+            raise ValueError(f"step_on: {name} is not callable")
+        return owner, parts[-1], fn
+    raise ValueError(f"step_on: cannot find {name!r} (give module.function or module.Class.method)")
+
+
+_step_on: dict = {}
+
+
+def step_on(name: str, device: Any = None, on_step_end: Optional[Callable[[], None]] = None) -> None:
+    """Makes every outermost call of the function or method ``name`` one step.
+
+    For loops without an optimizer step (inference, serving): with
+    ``transformers.GenerationMixin.generate`` each ``generate()`` call, KV
+    cache included, is one planned step. Calls inside an open step (nested
+    calls, or a step opened by other means) add nothing. Each wrapped name is
+    its own step key, so its steps are matched only with each other. Under
+    :func:`auto_steps`, a call splits the step it keeps open as long as no
+    optimizer step has been seen (a program without an optimizer).
+
+    Args:
+        name: ``package.module.function`` or ``package.module.Class.method``.
+        device: as for :func:`step`; default: the installed device (CPU first).
+        on_step_end: called with no arguments after each such step ended.
+
+    Raises:
+        ValueError: ``name`` cannot be imported or is not callable.
+        RuntimeError: torch_renaissance is not installed for ``device``.
+    """
+    owner, attr, fn = _resolve(name)
+    if name in _step_on:
+        return
+    if device is None:
+        device = next((d for d in ("cpu", "cuda") if is_installed(d)), None)
+        if device is None:
+            raise RuntimeError("step_on: torch_renaissance is not installed (call install() first)")
+    installed_device(device)  # raises if not installed
+    key = _key_id(("step_on", name))
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        arena = active_arena(device)
+        # The step auto_steps keeps open until the first optimizer step makes
+        # way (a program without an optimizer); once optimizer steps are the
+        # boundaries, a call inside one of them is part of it.
+        auto = _auto if (_auto is not None and not _auto.times and arena in _auto.open) else None
+        if arena is None or (arena.in_step and auto is None):
+            return fn(*args, **kwargs)
+        if auto is not None:
+            arena.end_step()
+            auto.open.remove(arena)
+        arena.begin_step(key)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if arena.in_step:
+                arena.end_step()
+                if on_step_end is not None:
+                    on_step_end()
+            if auto is not None and _auto is auto and not arena.in_step:
+                arena.begin_step()
+                auto.open.append(arena)
+
+    _step_on[name] = (owner, attr, fn)
+    setattr(owner, attr, wrapper)
+
+
+def stop_step_on() -> None:
+    """Undoes every :func:`step_on` (restores the original functions)."""
+    for owner, attr, fn in _step_on.values():
+        setattr(owner, attr, fn)
+    _step_on.clear()

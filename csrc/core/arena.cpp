@@ -528,6 +528,7 @@ std::vector<SegmentInfo> Arena::snapshot() const {
     si.stream = seg->stream;
     si.is_large = seg->pool == PoolKind::kLarge;
     si.expandable = seg->expandable;
+    si.persistent = seg->persistent;
     for (const Block* b = seg->head; b; b = b->next) {
       BlockInfo bi;
       bi.address = reinterpret_cast<std::uintptr_t>(b->ptr);
@@ -570,8 +571,11 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   // Between steps, what a stream with planned territory allocates goes to
   // the persistent segment too: not above the territory, where it would be
   // an obstacle that the next plan of a new structure goes above (issue 18).
-  if (pool == PoolKind::kLarge && use_ranges() && steps_ && !steps_->in_step() &&
-      territory_of_locked(stream)) {
+  // So does what other threads allocate during a step (it is no part of
+  // the step): all of their work then sits in one pool, never in the way of
+  // the next plan.
+  if (pool == PoolKind::kLarge && use_ranges() && steps_ && territory_of_locked(stream) &&
+      (!steps_->in_step() || !steps_->plans_calling_thread())) {
     persistent = true;
   }
   FreeSet* set = &free_set(pool, persistent);

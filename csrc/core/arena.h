@@ -148,6 +148,7 @@ struct SegmentInfo {
   StreamId stream = 0;
   bool is_large = true;
   bool expandable = false;
+  bool persistent = false;  // the persistent segment of recorded optimizer steps
   std::vector<BlockInfo> blocks;
 };
 
@@ -165,7 +166,11 @@ struct PlanStats {
   std::int64_t layouts = 0;         // layouts (structures) kept now
   std::int64_t plan_bytes = 0;      // planned territory of the current layout
   std::int64_t load_bytes = 0;      // step LOAD + bytes live outside the step at plan time
-  std::int64_t step_load_bytes = 0; // LOAD of the step's planned buffers alone
+  std::int64_t step_load_bytes = 0; // LOAD of the step's planned buffers alone (largest over the layout's variants)
+  std::int64_t layout_load_bytes = 0;  // LOAD of the layout's merged problem (max sizes over its variants)
+  std::int64_t pinned_bytes = 0;  // live-outs of the recorded step pinned where they stood (alternating layouts)
+  std::int64_t plan_bound_bytes = 0;  // the planner's lower bound for the current layout's problem (obstacles included)
+  std::int64_t phases = 0;  // of the current layout: 1, or 2 (alternating: live-outs that overlap their next instance)
   std::int64_t greedy_bytes = 0;    // greedy-by-size size for the same problem
   std::int64_t obstacle_bytes = 0;  // live bytes under plan_bytes the plan had to avoid
   std::int64_t last_step_allocations = 0;

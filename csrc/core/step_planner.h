@@ -10,11 +10,27 @@
 //     buffer wraps around the step boundary (cyclic lifetime, e.g. gradients
 //     made in backward and freed by the next zero_grad); unmatched live-outs
 //     are persistent and stay in the dynamic pool;
+//   * a live-out whose previous instance is still live when it is born (the
+//     loop's `out = model(x)`: last step's logits die only once the new ones
+//     exist; a batch made before the old one is dropped) lives longer than
+//     one step, so it overlaps its own next instance: the layout becomes
+//     *alternating*, planned over two steps (period 2T, every buffer twice),
+//     each slot with one offset per phase; even and odd steps replay the two
+//     phases in turn. Slots whose two offsets can be equal without growing
+//     the plan are made equal (address stability). The recorded step counts
+//     as phase 1 (its live-outs stand where the dynamic pool put them) and
+//     the first replay is phase 0; a live-out that is in the way of what
+//     phase 0 places before it dies is pinned where it stands in phase 1,
+//     so the first replay does not run into it;
 //   * buffers used on another stream keep their range until the step ends;
 //   * live blocks of the target segment are obstacles the plan avoids.
-// A layout is one plan per structure (allocation count and streams); the
-// variants of a structure (other batch sizes or lengths) share its layout,
-// each slot taking the max size over them, so the addresses do not change.
+// A layout is a plan for one structure (allocation count and streams); the
+// variants of a structure (other batch sizes or lengths) share a layout,
+// each slot taking the max size over them, so the addresses do not change,
+// as long as the merged LOAD stays within kMergeSlack of each variant's own;
+// a variant whose sizes do not fit (two buffers whose sizes swap) gets a
+// layout of its own, and the first requests of a step choose the layout
+// whose slots have exactly their sizes.
 //
 // Invariants:
 //   * Replay never returns memory a live block holds: the arena's placement
@@ -72,6 +88,10 @@ class StepPlanner {
   bool in_step() const { return open_; }
   // A step is open and served by the dynamic pool (no plan, or it diverged).
   bool recording() const { return open_ && !replaying_; }
+  // Whether the calling thread runs planned steps (it opened one, or a
+  // layout plans its allocations); false for other threads' work, e.g. a
+  // data loader or server thread allocating while steps run elsewhere.
+  bool plans_calling_thread() const;
   // Out-of-memory path: hand the planned territory to the dynamic pool for
   // the rest of this step.
   void release_territory();
@@ -85,25 +105,40 @@ class StepPlanner {
   struct StepTrace : StepRecord {  // entries' sizes rounded; free_time -1: live at the end
     std::vector<std::pair<std::int64_t, std::int64_t>> livein_frees;  // (prev seq, time)
     std::vector<std::int64_t> later_frees;  // its seqs freed after it ended, before its key's next step
+    int phase = -1;  // the phase it replayed (-1: not replayed)
+    // Addresses of the step of its key before it (an alternating layout's
+    // step repeats the addresses of the last step of the same phase).
+    std::vector<std::uintptr_t> prior_addresses;
+    std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
+    std::uint64_t opener = 0;            // the thread that began the step
   };
   struct Slot {
     std::size_t size = 0;
     std::int64_t lower = 0, upper = 0;
     StreamId stream = 0;
     bool dynamic = false;  // served by the dynamic pool (persistent buffers)
-    std::size_t offset = 0;
+    std::size_t offset[2] = {0, 0};  // per phase (equal in a one-phase layout)
   };
   struct Layout {
     std::vector<Slot> slots;
     std::int64_t horizon = 0;  // the step's length in logical ticks
     StreamId stream = 0;
     std::size_t top = 0;       // end of the highest slot
-    std::size_t load = 0;      // LOAD of the step's buffers alone
+    std::size_t load = 0;      // LOAD (lower bound): the largest over its variants' steps
+    std::size_t layout_load = 0;  // LOAD of the merged problem (max sizes over variants)
     std::size_t greedy = 0;    // greedy-by-size plan size (same problem)
     std::size_t obstacles = 0; // bytes of obstacles below top (inside the territory)
+    std::size_t lasting = 0;   // of those, the ones in the way for the whole step (not live-outs dying early)
     std::size_t persistent = 0;  // live bytes outside the step at plan time
     int conflict_streak = 0;
     std::uint64_t key = 0;     // the kind of step it plans
+    int phases = 1;            // 2: alternating (a slot's lifetime spans two steps)
+    std::size_t pinned = 0;    // bytes of live-outs pinned where the recorded step left them
+    std::size_t bound = 0;     // the planner's lower bound for its problem (obstacles included)
+    // Threads whose allocations it plans (sorted): those that allocated at
+    // the same positions in the two steps it was planned from. Another
+    // thread's allocations during a step are not part of it.
+    std::vector<std::uint64_t> threads;
   };
   struct Variant {
     Layout* layout = nullptr;
@@ -113,12 +148,22 @@ class StepPlanner {
 
 
   bool fits(const Layout& l, std::size_t i, std::size_t rounded, StreamId stream) const;
-  bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream);
+  // exact: only a layout whose slot i has exactly `rounded` bytes.
+  bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream, bool exact = false);
+  // The first requests of a step that look for a layout with exact sizes.
+  static constexpr std::size_t kChooseWindow = 16;
   bool activate_territory();
   // Makes `stream`'s territory exactly the highest top of its layouts
   // (lowering it when the old layouts were larger); none when it has none.
   void fit_territory(StreamId stream);
   std::unique_ptr<PlanJob> plan_step(std::vector<std::size_t> sizes);
+  // Merges layout `l` into `slots` (a step of T ticks); returns the merged horizon.
+  static std::int64_t merge_into(std::vector<Slot>& slots, std::int64_t T, const Layout& l);
+  // LOAD of the planned slots on a step of `horizon` ticks.
+  static std::size_t load_of(const std::vector<Slot>& slots, std::int64_t horizon);
+  // A variant shares a layout while the merged LOAD is at most this much
+  // above the LOAD of each step it holds.
+  static constexpr double kMergeSlack = 1.05;
   void forget_least_recent_variant();
   // The most recently used layout (of `*key`, or of any key when null).
   Layout* most_recent_layout(const std::uint64_t* key) const;
@@ -126,7 +171,27 @@ class StepPlanner {
   bool same_structure(const Layout& l) const;  // same key, count and streams as the open step
   Layout* covering_layout() const;  // a layout whose slots hold this step
   Block* place_slot(const Slot& s, std::size_t requested, std::size_t rounded, StreamId stream);
+  // The address request i of the open step should repeat (false: none).
+  bool reference_address(std::size_t i, std::uintptr_t& out) const;
   void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
+  // A small number naming the calling thread (stable while it lives).
+  static std::uint64_t thread_tag();
+  // False when the open step replays (or records a variant of) a layout that
+  // does not plan the calling thread's allocations: they go to the dynamic
+  // pool and are not part of the step.
+  bool counts_thread(std::uint64_t tag) const;
+  // Drops from the open step the entries of threads other than its opener
+  // that did not allocate at the same positions in the step of its key
+  // before (concurrent work on other threads); their live blocks leave the
+  // step. Returns whether anything was dropped.
+  bool drop_irregular_threads();
+  // Whether the obstacles a layout was planned around (blocks live in its
+  // territory at plan time that were no part of the step: another thread's,
+  // or one a step kept past its planned death) have mostly died: at least
+  // half of its obstacle bytes gone, where they were at least an eighth of
+  // its top. Then a re-plan without them lowers the territory. O(blocks
+  // under the top), only for such layouts.
+  bool obstacles_gone(const Layout& l) const;
 
   Arena& arena_;
   bool open_ = false;
@@ -134,6 +199,7 @@ class StepPlanner {
   std::uint64_t step_ = 0;
   std::uint64_t key_ = 0;  // key of the open (or last) step
   std::int64_t clock_ = 0;
+  int phase_ = 0;  // phase of the open step (alternating layouts)
   std::unique_ptr<StepTrace> cur_;
   // The last completed step of each key, and the one of the open step's key.
   std::map<std::uint64_t, std::unique_ptr<StepTrace>> last_by_key_;
@@ -143,7 +209,9 @@ class StepPlanner {
   std::vector<Variant> variants_;
   Layout* active_ = nullptr;
   std::uint64_t use_clock_ = 0;
-  int settle_steps_ = 0;
+  int settle_steps_ = 0;     // clean replayed steps still to wait for after a plan
+  int settle_releases_ = 0;  // cache releases since the last plan
+  static constexpr int kSettleReleases = 8;
   bool planning_ = false;  // a PlanJob is between end_step() and install()
   bool missed_ = false;
   std::int64_t step_conflicts_ = 0;
@@ -159,6 +227,19 @@ class StepPlanner {
 // by StepPlanner::end_step(), planned by run() without it, installed by
 // install() with it.
 struct StepPlanJob {
+  // A live-out of the recorded step that may stand in the way of the first
+  // replay (alternating layouts): the phase-1 instance of planned slot `k`
+  // is pinned at `at` when a buffer live in [0, until) of the cycle overlaps
+  // [at, at + bytes).
+  struct PinCandidate {
+    std::size_t k = 0;
+    std::uint64_t at = 0, bytes = 0;
+    std::int64_t until = 0;
+  };
+  static constexpr std::uint64_t kNotPinned = ~std::uint64_t(0);
+  // Above this many slots, the phases are not aligned (O(n^2) checks).
+  static constexpr std::size_t kAlignMax = 8192;
+
   planner::Problem problem;
   planner::Options options;
   planner::Result result;
@@ -170,6 +251,12 @@ struct StepPlanJob {
   std::uint64_t key = 0;
   StreamId stream = 0;
   std::size_t step_load = 0, obstacle_bytes = 0, persistent = 0;
+  std::size_t variant_load = 0;  // LOAD of the steps it holds (the larger of own and target's)
+  int phases = 1;
+  std::size_t n_slots = 0;  // planned slots; in an alternating plan buffers k, k + n_slots are slot k's phases
+  std::vector<PinCandidate> pin_candidates;
+  std::vector<std::uint64_t> pinned;  // per problem buffer: kNotPinned or its fixed offset
+  std::vector<std::uint64_t> threads;  // the layout's threads (sorted)
   double seconds = 0.0;  // time in run()
 };
 

@@ -81,6 +81,10 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["step_and_persistent_load_bytes"] = p.load_bytes;
   r["load_bytes"] = p.load_bytes;  // alias of step_and_persistent_load_bytes
   r["step_load_bytes"] = p.step_load_bytes;
+  r["layout_load_bytes"] = p.layout_load_bytes;
+  r["phases"] = p.phases;
+  r["pinned_bytes"] = p.pinned_bytes;
+  r["plan_bound_bytes"] = p.plan_bound_bytes;
   r["greedy_bytes"] = p.greedy_bytes;
   r["obstacle_bytes"] = p.obstacle_bytes;
   r["plan_seconds"] = p.plan_seconds;
@@ -121,6 +125,7 @@ py::list snapshot_list(const std::vector<SegmentInfo>& segs, int device) {
     d["segment_pool_id"] = py::make_tuple(0, 0);
     d["expandable"] = s.expandable;
     d["plan_top"] = s.plan_top;
+    d["persistent"] = s.persistent;
     py::list blocks;
     for (const BlockInfo& b : s.blocks) {
       py::dict bd;
