@@ -92,15 +92,21 @@ def _stats(arena):
     return s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"], s["renaissance"]
 
 
+def _steady(loop, steady_steps):
+    """Six steps (two recorded, the plan, first replays), the peaks reset, then
+    ``steady_steps`` more; the stats of the steady part (see _stats)."""
+    for _ in range(6):
+        loop.step()
+    loop.reset()
+    for _ in range(steady_steps):
+        loop.step()
+    return _stats(loop.arena)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_output_kept_across_the_boundary_is_planned(C, seed):
     loop = _Loop(C, random.Random(seed))
-    for _ in range(6):  # record 2, plan, first replays
-        loop.step()
-    loop.reset()
-    for _ in range(6):
-        loop.step()
-    alloc_peak, res_peak, r = _stats(loop.arena)
+    alloc_peak, res_peak, r = _steady(loop, 6)
     # The reference count: every size here is a multiple of 512 B, so the
     # arena's rounded bytes equal the requested ones.
     assert alloc_peak == loop.peak
@@ -120,12 +126,7 @@ def test_output_kept_across_the_boundary_is_planned(C, seed):
 def test_output_kept_across_the_boundary_peak_matches_hand_count(C):
     rng = random.Random(0)
     loop = _Loop(C, rng)
-    for _ in range(6):
-        loop.step()
-    loop.reset()
-    for _ in range(4):
-        loop.step()
-    alloc_peak, res_peak, _ = _stats(loop.arena)
+    alloc_peak, res_peak, _ = _steady(loop, 4)
     # By hand: the peak is while the loss temporary is live: weights, every
     # activation, the old output, the new one and the temporary, the batch
     # (the old batch died before the activations were made).
@@ -138,12 +139,7 @@ def test_without_cross_step_buffers_the_plan_is_unchanged(C):
     # The same loop with `del out, batch` at the step's end: one-phase layout,
     # steady reserved within 2% of the live peak (as before the change).
     loop = _Loop(C, random.Random(7), keep_out=False, keep_batch=False)
-    for _ in range(6):
-        loop.step()
-    loop.reset()
-    for _ in range(4):
-        loop.step()
-    alloc_peak, res_peak, r = _stats(loop.arena)
+    alloc_peak, res_peak, r = _steady(loop, 4)
     assert alloc_peak == loop.peak
     assert r["last_step_hits"] == r["last_step_allocations"]
     assert r["last_step_same_address"] == r["last_step_comparable"]
