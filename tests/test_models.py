@@ -134,6 +134,10 @@ def test_run_step_on_plans_a_function_without_optimizer(tmp_path):
     assert r.stdout == plain.stdout
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["step_boundaries"] == 12
+    # The steps are timed at the boundaries --step-on makes (was "steps": 0 and no mean).
+    assert rep["steps"] == 12 and rep["mean_step_seconds"] > 0
+    assert "/ steady peak allocated" in r.stderr and " 1 variants" not in r.stderr, r.stderr
+    assert " 1 layouts" not in r.stderr, r.stderr
     # 12 serve() steps: 2 recorded, 10 replayed (the steps auto_steps keeps
     # open between the calls are another key, planned too), every request of
     # them at its planned place.
@@ -163,6 +167,10 @@ def test_cli_version_module_and_help(tmp_path):
     d = subprocess.run([sys.executable, "-m", "torch_renaissance", "demo", "--help"], capture_output=True,
                        text=True, env=env)
     assert "(default: 20)" in d.stdout and "(default: 128)" in d.stdout
+    assert "(default: 0)" in d.stdout  # --seed: a default of 0 is shown too
+    p = subprocess.run([sys.executable, "-m", "torch_renaissance", "plan", "--help"], capture_output=True,
+                       text=True, env=env)
+    assert p.stdout.count("default: 1.0") == 1  # --budget's default once
     # run -m: a module with arguments, found on the working directory, as python -m.
     (tmp_path / "mymod.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
     m = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "-m", "mymod", "--flag", "1"],

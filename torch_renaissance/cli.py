@@ -34,6 +34,10 @@ def _mib(n: Optional[float]) -> str:
 # run
 # ---------------------------------------------------------------------------
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _ratio(v: Optional[float]) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
@@ -44,7 +48,7 @@ def _print_report(rep: dict, out) -> None:
         f"  device                 {rep['device']}",
         f"  peak allocated         {_mib(rep['peak_allocated_bytes'])}",
         f"  peak reserved          {_mib(rep['peak_reserved_bytes'])}  (/ peak allocated "
-        f"{_ratio(rep['peak_reserved_over_peak_allocated'])}, whole run)",
+        f"{_ratio(rep['peak_reserved_over_peak_allocated'])}; both over the whole run)",
         f"  fragmentation          {100 * rep['fragmentation']:.1f}%  (1 - peak allocated / peak reserved)",
         f"  allocations            {rep['allocations']}",
         f"  out-of-memory errors   {rep['num_ooms']}",
@@ -55,12 +59,13 @@ def _print_report(rep: dict, out) -> None:
         lines.append(f"  planned steps          {rep['planned_steps']}  (hits {rep['plan_hits']}, misses "
                      f"{rep['plan_misses']}, conflicts {rep['plan_conflicts']}, hit rate "
                      f"{100 * rep['plan_hit_rate']:.1f}%)")
-        lines.append(f"  LOAD (lower bound)     {_mib(rep['load_bytes'])}  (plan {_mib(rep['plan_bytes'])}, "
-                     f"{rep['variants']} variants, {rep['layouts']} layouts)")
+        lines.append(f"  LOAD (lower bound)     {_mib(rep['load_bytes'])}  (the step's live bytes and those "
+                     f"live outside it; planned territory {_mib(rep['plan_bytes'])}, "
+                     f"{_plural(rep['variants'], 'variant')}, {_plural(rep['layouts'], 'layout')})")
         lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  (last step)")
     if rep["steady_reason"] is None:
-        lines.append(f"  steady peak reserved   {_mib(rep['steady_peak_reserved_bytes'])}  (/ peak allocated "
-                     f"{_ratio(rep['steady_peak_reserved_over_peak_allocated'])}, / LOAD "
+        lines.append(f"  steady peak reserved   {_mib(rep['steady_peak_reserved_bytes'])}  (/ steady peak "
+                     f"allocated {_ratio(rep['steady_peak_reserved_over_peak_allocated'])}, / LOAD "
                      f"{_ratio(rep['steady_peak_reserved_over_load'])}; after the first replayed step)")
     else:
         lines.append(f"  steady state           n/a: {rep['steady_reason']}")
@@ -369,6 +374,10 @@ def _finish_run(tr, args, rec, holder, devices, report_file, code: int, module, 
     ``--plot``; the exit code (2 when the script succeeded and the report could not be
     written)."""
     times = holder["steps"].times if holder["steps"] is not None else []
+    if not times and rec.boundaries:
+        # Boundaries made by --step-on (no optimizer step timed them): the time
+        # from the start to each boundary, then between boundaries.
+        times = [b - a for a, b in zip([0.0] + rec.boundaries[:-1], rec.boundaries)]
     # CUDA: the device the script left current; nothing to report when
     # the script never initialized CUDA.
     used = [d for d in devices if tr.installer.active_arena(d) is not None]
@@ -759,7 +768,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     """Defaults shown after each option's help (where there is one); descriptions keep their line breaks."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+        # By identity: a default of 0 (--seed) is shown; 0 == False would hide it.
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -825,7 +835,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=_HelpFormatter)
     q.add_argument("trace", help="a PyTorch memory snapshot pickle or an id,lower,upper,size CSV file")
     q.add_argument("--budget", type=_budget, default=1.0,
-                   help="planning time budget in seconds of wall time (0-3600; default: 1.0); "
+                   help="planning time budget in seconds of wall time (0-3600); "
                         "the plan is the same on every machine unless the wall clock stopped "
                         "the search")
     q.add_argument("--device", type=_device, default=None, metavar="N|all",
