@@ -78,7 +78,10 @@ def random_instance(rng: random.Random, n: int, cyclic: bool, obstacles: int):
 def test_random_instances_give_valid_plans_with_exact_load(C, seed):
     rng = random.Random(seed)
     sizes, lowers, uppers, period, fixed = random_instance(rng, rng.randint(1, 60), seed % 2 == 1, seed % 3)
-    r = C.plan(sizes, lowers, uppers, period, fixed, 0.05)
+    # No clock: on a loaded machine the wall clock can stop even the baseline
+    # (greedy_size is then 0, the documented "did not finish"; a CI run saw it).
+    r = C.plan(sizes, lowers, uppers, period, fixed, 0.05, clock_seconds=math.inf)
+    assert r["stopped_by"] != "clock"
     size = check_plan(sizes, lowers, uppers, r["offsets"], period, fixed)
     assert r["size"] == size
     assert r["load"] == load_ref(sizes, lowers, uppers, period, fixed)
@@ -126,7 +129,7 @@ def test_small_shared_instances_plan_validly(shared_data, name):
     from torch_renaissance.planner import plan_trace
 
     tr = T.load_trace(shared_data / name)
-    res = plan_trace(tr, budget_seconds=0.5)
+    res = plan_trace(tr, budget_seconds=0.5, clock_seconds=math.inf)
     lt = tr.lifetimes()
     sizes, lowers, uppers = zip(*lt)
     if len(lt) <= 2000:
@@ -187,7 +190,11 @@ def test_cli_plan_json_and_png(shared_data, tmp_path):
     tr = T.load_snapshot(path)
     assert out["buffers"] == len(tr) and out["load_bytes"] == tr.load_bytes()
     assert out["pytorch_reserved_bytes"] == tr.pytorch_reserved_peak
-    assert out["load_bytes"] <= out["plan_bytes"] <= out["greedy_bytes"]
+    # greedy is None ("not finished") only when the wall clock stopped it (a loaded machine).
+    if out["greedy_bytes"] is None:
+        assert out["stopped_by"] == "clock", out
+    else:
+        assert out["load_bytes"] <= out["plan_bytes"] <= out["greedy_bytes"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["pytorch_reserved_at_dump_bytes"] == tr.pytorch_reserved_at_dump
     r = _cli(str(shared_data / "dsa" / "minimalloc_C.csv"), "--json")
@@ -243,7 +250,10 @@ def test_cli_plan_device_all_gives_one_object_per_device_and_totals(tmp_path, ca
         assert o["buffers"] == len(tr) and o["load_bytes"] == tr.load_bytes()
         assert o["load_bytes"] <= o["plan_bytes"]
     for key in ("buffers", "load_bytes", "plan_bytes", "greedy_bytes"):
-        assert out["total"][key] == sum(o[key] for o in out["devices"])
+        vals = [o[key] for o in out["devices"]]
+        # greedy is None on a device whose wall clock stopped it (a loaded machine): the total too.
+        assert out["total"][key] == (None if None in vals else sum(vals)), key
+    assert all(o["greedy_bytes"] is not None or o["stopped_by"] == "clock" for o in out["devices"])
     # One device: the same numbers as that device's row.
     assert cli.main(["plan", str(path), "--device", "1", "--json", "--budget", "0.1"]) == 0
     one = json.loads(capsys.readouterr().out)
