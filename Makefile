@@ -71,9 +71,17 @@ build/debug_test_%: tests/cpp/debug_test.cpp csrc/core/debug.cpp csrc/core/debug
 	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -DTR_DEBUG=$* -Icsrc tests/cpp/debug_test.cpp \
 	    csrc/core/debug.cpp -o $@
 
-test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1
+# The asymmetric fence (core/asym_fence.h): a membarrier that fails after a
+# retry is reported, never taken for one that ran.
+build/fence_test: tests/cpp/fence_test.cpp csrc/core/asym_fence.cpp csrc/core/asym_fence.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/fence_test.cpp \
+	    csrc/core/asym_fence.cpp -o $@
+
+test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1 build/fence_test
 	build/plan_test 40
 	build/config_test
+	build/fence_test
 	build/debug_test_0
 	build/debug_test_1
 

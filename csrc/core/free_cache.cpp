@@ -4,12 +4,6 @@
 
 #include <algorithm>
 
-#if defined(__linux__)
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "core/arena.h"
 
 namespace renaissance {
@@ -38,40 +32,7 @@ ThreadFronts::~ThreadFronts() {
   }
 }
 
-#if defined(__linux__) && defined(__NR_membarrier)
-// Registers the process for expedited private membarriers; false where the
-// kernel has none (then the light fence is a full fence).
-bool register_membarrier() noexcept {
-  const long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return false;
-  return syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-}
-#else
-bool register_membarrier() noexcept { return false; }
-#endif
-
 }  // namespace
-
-namespace asym {
-
-// Decided at load time, before any thread can enter a fast path.
-bool g_light_is_compiler_barrier = register_membarrier();
-
-void heavy_fence() noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-#if defined(__linux__) && defined(__NR_membarrier)
-  if (g_light_is_compiler_barrier) {
-    // EPERM only without a registration (kept across fork(), dropped by
-    // exec(), which also drops this library): register again and retry.
-    if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
-      syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0);
-      syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-    }
-  }
-#endif
-}
-
-}  // namespace asym
 
 void lock_fronts(const std::vector<std::shared_ptr<Front>>& fronts) noexcept {
   bool remote = false;

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/asym_fence.h"
 #include "core/live_map.h"
 
 namespace renaissance {
@@ -75,23 +76,7 @@ inline Bin* put_bin(Bin (&bins)[N], std::size_t home, std::size_t probes, SameKe
 
 }  // namespace bins
 
-// Process-wide asymmetric fences (Linux membarrier(2), as folly's
-// asymmetric_thread_fence_*): the light one costs the hot path nothing but a
-// compiler barrier, the heavy one makes every other thread of the process
-// pass a full memory barrier (an IPI to the CPUs running them). Where the
-// kernel lacks membarrier the light fence is a full fence and the heavy one
-// a full fence too (free_cache.cpp decides once, at load time).
-namespace asym {
-extern bool g_light_is_compiler_barrier;  // membarrier(PRIVATE_EXPEDITED) is registered
-inline void light_fence() noexcept {
-  if (g_light_is_compiler_barrier) {
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
-}
-void heavy_fence() noexcept;
-}  // namespace asym
+// The fences of the front lock: core/asym_fence.h.
 
 // The lock of a front. Its own thread enters and leaves the fast path
 // (enter_fast/leave_fast: a flag store, a compiler barrier and a load, no
