@@ -583,7 +583,7 @@ def test_pickle_scan_memory_does_not_grow_with_the_opcode_count(tmp_path, monkey
     path.write_bytes(b"\x80\x02" + b"N" * 1001 + b".")
     with pytest.raises(ValueError, match="more than 1000 items on the unpickling stack"):
         T.load_snapshot(path)
-    path.write_bytes(b"\x80\x02" + b"N" * 1000 + b"(t.")
+    path.write_bytes(b"\x80\x02" + b"N" * 999 + b"(t.")  # 1000 items: within the cap
     with pytest.raises(ValueError, match="not a PyTorch memory snapshot"):
         T.load_snapshot(path)
     path = tmp_path / "memo.pickle"  # the C unpickler would size its memo to 2**33 entries
@@ -1474,3 +1474,33 @@ def test_compressed_and_json_files_are_named_as_such(tmp_path, name, content, fr
     message = str(info.value)
     assert message.startswith(f"{path}: {fragment}"), message
     assert "UTF-8" not in message
+
+
+def test_load_snapshot_devices_builds_only_the_devices_asked_for(tmp_path, monkeypatch):
+    # plan --device N: one device's trace is built, not every device's (a big multi-GPU
+    # snapshot paid for all of them); a device without data is refused, naming those with.
+    from torch_renaissance.trace import snapshot as S
+
+    snap = {"segments": [], "device_traces": [[], [], [], []], "external_annotations": []}
+    for d in (0, 1, 3):  # device 2's list is empty
+        tr = T.Trace([T.TraceEntry(i, 512 * (i + 1 + d), 0, i, i + 2) for i in range(4 + d)], 8 + d)
+        one = T.to_snapshot(tr, [8192 * i for i in range(len(tr))],
+                            base_address=(d + 1) << 40, device=d)
+        snap["segments"] += one["segments"]
+        snap["device_traces"][d] = one["device_traces"][d]
+    path = tmp_path / "four.pickle"
+    T.save_snapshot(snap, path)
+    built = []
+    real = S.from_snapshot
+    monkeypatch.setattr(S, "from_snapshot", lambda data, device=None, source=None:
+                        built.append(device) or real(data, device=device, source=source))
+    one = T.load_snapshot_devices(path, devices=[3])
+    assert built == [3] and list(one) == [3]
+    assert [e.size for e in one[3].entries] == [512 * (i + 4) for i in range(7)]
+    assert one[3].entries == T.load_snapshot(path, device=3).entries
+    assert list(T.load_snapshot_devices(path)) == [0, 1, 3]
+    for bad in (2, 7):
+        with pytest.raises(T.DeviceChoiceError, match=rf"no data for device {bad} \(devices with "
+                                                      r"data: \[0, 1, 3\]\)") as e:
+            T.load_snapshot_devices(path, devices=[bad])
+        assert e.value.devices == [0, 1, 3]

@@ -178,3 +178,20 @@ def test_hand_made_inputs_on_both_scans(scan_kind, tmp_path):
     SP.check_pickle_structure(b"\x80\x02cos\nsystem\n.")  # the unpickler refuses the global
     with pytest.raises(SP.RefusedGlobal):
         SP.SafeUnpickler(io.BytesIO(b"\x80\x02cos\nsystem\n.")).load()
+
+
+@pytest.mark.parametrize("scan", ["c", "py"])
+@pytest.mark.parametrize("token", [b"(t", b"(l", b"(d", b"(\x91"])
+def test_containers_built_from_empty_marks_count_against_the_stack_cap(monkeypatch, scan, token):
+    # MARK then TUPLE (LIST, DICT, FROZENSET) with nothing between: one item more on the
+    # stack per pair, which both scans once let past the cap (only pushes were counted).
+    if scan == "c" and SP._scan is None:
+        pytest.skip("trace._pickle_scan is not built")
+    monkeypatch.setattr(SP, "PICKLE_MAX_STACK", 1000)
+    check = _c_scan if scan == "c" else SP.check_pickle_structure_py
+    with pytest.raises(SP.BadPickle, match="more than 1000 items on the unpickling stack") as e:
+        check(b"\x80\x02" + token * 1001 + b".")
+    assert e.value.refused
+    # 1000 of them are within the cap (pickle itself would build them: a list of 1000 items
+    # once wrapped, here left on the stack and stopped on).
+    assert _outcome(check, b"\x80\x02" + token * 1000 + b".") is None

@@ -343,8 +343,7 @@ static int walk(Scan *s, Py_ssize_t *at) {
             if ((op == 'd' || op == 0x91) && check_keys(s, k, op == 'd' ? 2 : 1, name) < 0) return -1;
             int d = take(s, k);
             r = new_container(s, d > 1 ? d : 1);
-            if (r) return r;
-            continue;
+            break; /* an empty MARK gives one item more: the stack cap below applies */
         }
         case 'a': case 's': { /* APPEND SETITEM */
             const char *name = op == 'a' ? "APPEND" : "SETITEM";

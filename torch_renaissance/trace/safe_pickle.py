@@ -508,7 +508,7 @@ def check_pickle_structure_py(data: bytes) -> None:
                     if stride:
                         check_keys(k, stride, name)
                     new_container(max(take(k), 1))
-                    continue
+                    # no continue: an empty MARK gives one item more (the stack cap below)
                 elif effect == _OP_APPEND or effect == _OP_SETITEM:
                     x = len(objs) - (1 if effect == _OP_APPEND else 2)  # the container is at x - 1
                     if x < 1 or x < fence():
