@@ -615,14 +615,14 @@ def _load_for_plan(args: argparse.Namespace):
                          "a CSV trace has no devices (drop --device)")
     if args.device == "all":
         return trace_mod.load_snapshot_devices(args.trace)
-    # Every device with events or segments, read once: a device that has neither (one
-    # of device_traces' empty lists) is refused like one past the list, not planned as
+    # Only that device's trace is built; one without events or segments (one of
+    # device_traces' empty lists) is refused like one past the list, not planned as
     # 0 buffers.
-    with_data = trace_mod.load_snapshot_devices(args.trace)
-    if args.device not in with_data:
+    try:
+        return trace_mod.load_snapshot_devices(args.trace, devices=[args.device])
+    except trace_mod.DeviceChoiceError as e:
         raise ValueError(f"{args.trace}: --device {args.device}: no data for that device in the "
-                         f"snapshot (devices with data: {sorted(with_data)})")
-    return {args.device: with_data[args.device]}
+                         f"snapshot (devices with data: {e.devices})") from None
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

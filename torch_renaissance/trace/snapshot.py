@@ -105,21 +105,38 @@ def snapshot_devices(snapshot: Dict[str, Any], source: Optional[str] = None) -> 
     return sorted(devices)
 
 
-def load_snapshot_devices(path: PathLike) -> Dict[int, Trace]:
-    """Load every device of a PyTorch memory snapshot: ``{device: Trace}``.
+def load_snapshot_devices(path: PathLike,
+                          devices: Optional[List[int]] = None) -> Dict[int, Trace]:
+    """Load the devices of a PyTorch memory snapshot: ``{device: Trace}``.
 
     The file is read once, with the same safe unpickler and checks as
     :func:`load_snapshot`; each device with events or segments gets its
     :class:`Trace` (a snapshot with none gives ``{0: <empty trace of device 0>}``).
 
+    Args:
+        path: the snapshot file.
+        devices (list of int, optional): only these devices (in this order), each of
+            which must have events or segments; only their traces are built. Default:
+            every device with data.
+
     Raises:
+        DeviceChoiceError: a device of ``devices`` has no events and no segments in the
+            snapshot (the message and ``.devices`` name those that have).
         ValueError: as :func:`load_snapshot`, for the first device that fails.
         OSError: the file cannot be read.
     """
     source = os.fspath(path)
     data = safe_unpickle(path)
-    devices = snapshot_devices(data, source)
-    return {d: from_snapshot(data, device=d, source=source) for d in devices or [0]}
+    with_data = snapshot_devices(data, source)
+    if devices is None:
+        return {d: from_snapshot(data, device=d, source=source) for d in with_data or [0]}
+    chosen = [to_int(d, "device") for d in devices]
+    for d in chosen:
+        if d not in with_data:
+            raise DeviceChoiceError(
+                f"{source}: device_traces: no data for device {d} (devices with data: "
+                f"{with_data})", with_data)
+    return {d: from_snapshot(data, device=d, source=source) for d in chosen}
 
 
 def is_snapshot_file(path: PathLike) -> bool:
