@@ -198,3 +198,17 @@ def test_unknown_keyword_and_huge_numbers_are_value_errors(C):
     for key in ("plan_budget_seconds", "max_reserved_bytes"):
         with pytest.raises(ValueError, match=f"'{key}'.*out of range"):
             C.Arena(C.HostDevice(), **{key: 10**400})
+
+
+def test_keywords_take_the_environments_spellings_and_refuse_other_types(monkeypatch):
+    # README: a keyword value is a Python value or the string the environment would give;
+    # any other type (a float or a bool for an integer key, bytes) is a ValueError.
+    monkeypatch.delenv("TORCH_RENAISSANCE_CONF", raising=False)
+    assert make_config(max_variants="8").max_variants == 8 == make_config(max_variants=8).max_variants
+    assert make_config(expandable_segments="no").expandable_segments is False
+    assert make_config(expandable_segments="on").expandable_segments is True
+    for bad in (True, 1.0, "8.0", b"8", [8]):
+        with pytest.raises(ValueError, match="bad value .* for config key 'max_variants'"):
+            make_config(max_variants=bad)
+    with pytest.raises(ValueError, match="config key 'expandable_segments'"):
+        make_config(expandable_segments="maybe")

@@ -270,3 +270,42 @@ def test_cli_plan_rejects_a_bad_budget(shared_data, capsys):
     with pytest.raises(SystemExit) as e:  # argparse's exit, in this process
         cli.main(["plan", str(shared_data / "dsa" / "minimalloc_C.csv"), "--budget", "nan"])
     assert e.value.code == 2 and "between 0 and 3600" in capsys.readouterr().err
+
+
+def test_alternating_layout_addresses_repeat_two_steps_back_from_step_5():
+    # README (a tester found "from step 4 on" wrong for alternating layouts): a loop whose
+    # `loss` and batch outlive the step alternates two phases; step 3 replays phase 0,
+    # step 4 phase 1 for the first time, and from step 5 on every allocation is where it
+    # was two steps before. Addresses are compared here entry by entry, not via the stat.
+    code = textwrap.dedent("""
+        import json, torch, torch_renaissance as tr
+        tr.install("cpu")
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        opt = torch.optim.SGD(m.parameters(), 0.1)
+        rows = []
+        for i in range(8):
+            with tr.step():
+                x = torch.randn(16, 64)
+                loss = m(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            ls = tr.get_arena().last_step()
+            rows.append([ls["step"], tr.memory_stats()["renaissance.phases"],
+                         [e["address"] for e in ls["entries"]]])
+        print(json.dumps(rows))
+    """)
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row[0] for row in rows] == list(range(1, 9))
+    assert rows[-1][1] == 2  # the layout alternates (x and loss live across the boundary)
+    addrs = [row[2] for row in rows]
+    for k in range(4, 8):  # steps 5..8 (0-based 4..7)
+        assert len(addrs[k]) == len(addrs[k - 2]) > 0
+        assert addrs[k] == addrs[k - 2], f"step {k + 1} differs from step {k - 1}"
+    # Step 4 is phase 1's first replay: not every address is step 2's (recorded) one.
+    assert addrs[3] != addrs[1]

@@ -1504,3 +1504,29 @@ def test_load_snapshot_devices_builds_only_the_devices_asked_for(tmp_path, monke
                                                       r"data: \[0, 1, 3\]\)") as e:
             T.load_snapshot_devices(path, devices=[bad])
         assert e.value.devices == [0, 1, 3]
+
+
+def test_save_snapshot_errors_name_the_path_given(tmp_path, monkeypatch):
+    # A missing directory or an unwritable one is reported with the caller's path, not the
+    # temporary file's name; an empty path is refused, not taken as the current directory.
+    snap = {"segments": [], "device_traces": [[]]}
+    missing = tmp_path / "no" / "x.pickle"
+    with pytest.raises(FileNotFoundError) as e:
+        T.save_snapshot(snap, missing)
+    assert e.value.filename == str(missing) and ".tmp" not in str(e.value)
+    assert "no such directory" in str(e.value)
+    with pytest.raises(ValueError, match="the path is empty"):
+        T.save_snapshot(snap, "")
+    monkeypatch.chdir(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing written anywhere
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores the mode
+            return
+        with pytest.raises(PermissionError) as e:
+            T.save_snapshot(snap, locked / "x.pickle")
+        assert e.value.filename == str(locked / "x.pickle") and ".tmp" not in str(e.value)
+    finally:
+        locked.chmod(0o700)

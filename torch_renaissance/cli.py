@@ -820,8 +820,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "default CPU allocator, the dynamic pool only, and the planned arena, "
                                    "one process each, and prints the numbers side by side.",
                        formatter_class=_HelpFormatter)
-    d.add_argument("--steps", type=_int_at_least(4, " (steps 0-2 record, plan and replay; the "
-                                                     "mean step time is over steps 3 on)"),
+    d.add_argument("--steps", type=_int_at_least(4, " (steps 1-3 record, plan and replay, counted "
+                                                     "from 1 as the arena counts them; the mean step "
+                                                     "time is over steps 4 on)"),
                    default=20, help="training steps per run")
     d.add_argument("--batch", type=_int_at_least(1), default=4, help="sequences per batch")
     d.add_argument("--seq", type=_int_at_least(1), default=128, help="tokens per sequence")

@@ -5,6 +5,7 @@ PyTorch's memory viewer (``torch/cuda/_memory_viz.py`` and
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import pickle
 import secrets
@@ -311,10 +312,16 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
             data, or plain data that :func:`load_snapshot` would refuse (a float or tuple
             dict key, nesting past :data:`PICKLE_MAX_DEPTH`, a cycle); the file is then left
             untouched; ``path`` names something other than a regular file (a device such as
-            ``/dev/full``, a FIFO, a directory), and nothing is written.
-        OSError: the file cannot be written.
+            ``/dev/full``, a FIFO, a directory), or is empty, and nothing is written.
+        OSError: the file cannot be written (``FileNotFoundError`` for a missing directory,
+            ``PermissionError``...; ``filename`` is ``path``, never the temporary file).
     """
-    target = os.fspath(path)
+    given = os.fspath(path)
+    if isinstance(given, bytes):
+        given = os.fsdecode(given)
+    if not given:
+        raise ValueError("save_snapshot: the path is empty; nothing was written")
+    target = given
     check_snapshot_shape(snapshot, Where(target))
     _check_loadable(snapshot)
     # A symbolic link is written through (the file it names is replaced, the link
@@ -331,6 +338,10 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
             f"a snapshot is written to regular files only, nothing was written"
         )
     directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        # Named here: the temporary file's error would name a file the caller never gave.
+        raise FileNotFoundError(errno.ENOENT, f"save_snapshot: no such directory: {directory} "
+                                "(nothing was written)", given)
     # The temporary file is created with mode 0666 less the umask, as open() would
     # make the file (mkstemp's 0600 would leave the snapshot unreadable to others);
     # an existing file keeps its mode.
@@ -342,6 +353,9 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
             break
         except FileExistsError:
             continue
+        except OSError as e:  # named by the path given, not the temporary file's name
+            raise type(e)(e.errno, f"save_snapshot: cannot write {given}: {e.strerror} "
+                          "(nothing was written)", given) from None
     else:  # pragma: no cover - 100 collisions of 64 random bits
         raise FileExistsError(f"save_snapshot: no free temporary name in {directory}")
     try:
