@@ -399,3 +399,21 @@ def test_stream_manager_sim_refusals_change_nothing(C):
     assert (len(dev.waits()), arena.stats()["renaissance"]["events_recorded"]) == before
     with pytest.raises(ValueError, match="simulated manager has no device"):
         sm.prefetch([1, 2])  # at the call, not at the first next()
+
+
+def test_stream_manager_bad_roles_and_non_tensors_are_clear_errors():
+    # A tester found KeyError's doubly quoted message and a string handed off unchanged.
+    from torch_renaissance import StreamManager
+    from torch_renaissance.streams import UnknownRoleError
+
+    sm = StreamManager("cpu")
+    for call in (lambda: sm.stream("nope"), lambda: sm.on("nope").__enter__(),
+                 lambda: sm.handoff(torch.ones(2), to="nope"), lambda: sm.stream(["x"])):
+        with pytest.raises(UnknownRoleError) as e:
+            call()
+        assert isinstance(e.value, KeyError) and isinstance(e.value, ValueError)
+        assert str(e.value).startswith("unknown stream role ") and not str(e.value).startswith('"')
+        assert str(e.value).endswith("roles: compute, h2d, d2h, comm")
+    for bad in ("notatensor", None, [torch.ones(1)]):
+        with pytest.raises(TypeError, match="takes a tensor"):
+            sm.handoff(bad, to="compute")

@@ -24,6 +24,18 @@ import torch
 ROLES = ("compute", "h2d", "d2h", "comm")
 
 
+class UnknownRoleError(KeyError, ValueError):
+    """A stream role that is not one of :data:`ROLES`.
+
+    A ``KeyError`` (a lookup by role) and a ``ValueError`` (a bad argument) at once, so
+    either ``except`` catches it; its message is printed as written (a plain ``KeyError``
+    quotes it).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class StreamManager:
     """Named streams of one device and safe tensor hand-offs between them.
 
@@ -81,12 +93,13 @@ class StreamManager:
         """The stream of ``role`` (a ``torch.Stream``, or an int for SimDevice).
 
         Raises:
-            KeyError: an unknown role (the message lists the roles).
+            UnknownRoleError: (a ``KeyError`` and a ``ValueError``) an unknown role; the
+                message lists the roles.
         """
         try:
             return self._streams[role]
-        except KeyError:
-            raise KeyError(f"unknown stream role {role!r}; roles: {', '.join(ROLES)}") from None
+        except (KeyError, TypeError):  # TypeError: an unhashable role
+            raise UnknownRoleError(f"unknown stream role {role!r}; roles: {', '.join(ROLES)}") from None
 
     @contextlib.contextmanager
     def on(self, role: str) -> Iterator[Any]:
@@ -137,8 +150,8 @@ class StreamManager:
             ``tensor``, for chaining.
 
         Raises:
-            KeyError: an unknown role.
-            TypeError: with SimDevice, ``tensor`` is not an int address.
+            UnknownRoleError: (a ``KeyError``) an unknown role.
+            TypeError: ``tensor`` is not a tensor (with SimDevice: not an int address).
             InvalidPointerError: with SimDevice, the address is not a live allocation
                 of the arena; no event is recorded.
         """
@@ -156,10 +169,12 @@ class StreamManager:
                 self._sim.stream_wait_event(dst, ev)
                 self._sim.destroy_event(ev)
             return tensor
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"StreamManager.handoff takes a tensor, not {type(tensor).__name__}")
         if self.trivial or src == dst:
             return tensor
         self._order(src, dst)
-        if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
+        if tensor.numel() > 0:
             tensor.record_stream(dst)
         return tensor
 
