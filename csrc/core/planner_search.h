@@ -71,6 +71,11 @@ class CanonicalSearch {
   std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
   // Nodes visited by the last solve().
   std::uint64_t nodes() const { return nodes_; }
+  // States the last solve() found in its table of failed ones.
+  std::uint64_t memo_hits() const { return memo_hits_; }
+  // The table of failed states (on by default; off only to compare).
+  void set_failure_memo(bool on) { memo_ = on; }
+
 
  private:
   struct Cand {
@@ -84,8 +89,24 @@ class CanonicalSearch {
     std::uint64_t old;
   };
 
+  // A search state that was proved to have no completion (see dfs()):
+  // two independent 64-bit hashes of the candidates (item, offset, rank)
+  // and the range, and the weakest canonical constraint (offset, rank) it
+  // failed under.
+  struct Failed {
+    std::uint64_t h1 = 0, h2 = 0;
+    std::uint64_t last_off = kUnplaced;
+    std::uint32_t last_rank = 0;
+  };
+  void state_key(const std::vector<Cand>& cur, std::int32_t lo, std::int32_t hi,
+                 std::uint64_t& h1, std::uint64_t& h2) const;
+  Failed* failed_slot(std::uint64_t h1, std::uint64_t h2);
+
   Status dfs(std::uint32_t depth, const std::vector<Cand>& parent, std::uint64_t last_off,
              std::uint32_t last_rank, std::int32_t lo, std::int32_t hi);
+  Status dfs_children(std::uint32_t depth, const std::vector<Cand>& cur, std::uint64_t min_height,
+                      std::uint64_t last_off, std::uint32_t last_rank, std::int32_t lo,
+                      std::int32_t hi);
   // Solves the parts of [lo, hi) between `points` (ticks no unplaced item
   // crosses) one after the other; they share no item, so any failing part
   // fails the whole.
@@ -145,6 +166,9 @@ class CanonicalSearch {
   std::vector<std::uint32_t> initial_cuts_;
   std::uint32_t initial_multi_ = 0;
   std::vector<std::uint64_t> initial_total_, initial_rem_, initial_min_off_, initial_floor_;
+  std::vector<Failed> failed_;       // lossy table, direct mapped, 4-way
+  bool memo_ = true;
+  std::uint64_t memo_hits_ = 0;
   std::vector<std::int32_t> next_;  // check(): next tick not yet settled
   const OrderKeys* rerank_ = nullptr;
   std::vector<double> part_t_;      // solve_parts(): T per item of a part
