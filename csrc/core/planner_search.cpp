@@ -17,7 +17,9 @@ namespace {
 // The failed-state table (CanonicalSearch::Failed, 32 bytes a slot): at
 // most 2^18 slots, 8 MiB.
 constexpr std::size_t kFailedSlotsMax = std::size_t{1} << 18;
-// search_small's budget split. exact_used <= ratio * others gives the exact
+// search_small's budget split over a whole instance (with the raise; the
+// peak repair's sub-searches keep half and half). exact_used <= ratio *
+// others gives the exact
 // schedule ratio / (1 + ratio) of the work: a third (0.5) for the first
 // kLateUnits (3 s of budget at planner.cpp's 1.7e8 units a second), two
 // thirds (2.0) after. Every improvement on MiniMalloc's B, D and E in the
@@ -29,7 +31,7 @@ constexpr std::size_t kFailedSlotsMax = std::size_t{1} << 18;
 // third: +2.44%, +5.40%, +7.32%), and with a third throughout, E stayed at
 // +5.96% after 10 s (half: at LOAD). The split depends on the work used
 // so far only, never on the budget, so a longer budget runs a longer
-// prefix of the same search and is never worse.
+// prefix of the same schedule.
 constexpr std::uint64_t kLateUnits = 510'000'000;
 constexpr double kEarlyRatio = 0.5;
 constexpr double kLateRatio = 2.0;
@@ -661,7 +663,8 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     }
     return work.out() || height <= lb;
   };
-  // Three schedules share the budget, the exact one half of it and the
+  // Three schedules share the budget, the exact one a third of the first
+  // kLateUnits and two thirds after (half and half without the raise), the
   // other two the rest, each run next by whichever has used least of its
   // share:
   //  * exact: MiniMalloc's round robin at the lower bound: its three
@@ -708,7 +711,8 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     // two thirds after, the other two share the rest (see kLateUnits).
     const std::uint64_t others = (ladder_open ? ladder_used : 0) + (raise_open ? raise_used : 0);
     // exact_used <= r * others gives the exact schedule r / (1 + r).
-    const double ratio = before - start_used < kLateUnits ? kEarlyRatio : kLateRatio;
+    // The peak repair's sub-searches (no raise) keep half and half.
+    const double ratio = !raise ? 1.0 : before - start_used < kLateUnits ? kEarlyRatio : kLateRatio;
     if ((!ladder_open && !raise_open) ||
         static_cast<double>(exact_used) <= ratio * static_cast<double>(others)) {
       const bool stop = attempt(lb, fixed_orders[exact_k], &fixed_keys[exact_k],

@@ -16,6 +16,13 @@
 //     and the capacity; with obstacles, per size class: the remaining bytes
 //     of buffers of size >= L must fit into the free ranges above the floor
 //     that are at least L long (see planner_obstacles.h);
+//   * failed states: the subtree below a node is a function of its
+//     candidates (item, lowest offset, rank), its time range and the
+//     canonical constraint (last offset, rank); a table of states proved
+//     infeasible (two 64-bit hashes, lossy, per solve()) prunes a state
+//     met again under a constraint no weaker than the one it failed under
+//     (placements that differ below but leave the unplaced buffers the same
+//     lowest offsets);
 //   * hatless pruning: when a placed buffer constrains nothing unplaced, its
 //     siblings need not be tried;
 //   * before a placement splits the time range into parts (solve_parts),
@@ -176,7 +183,8 @@ class CanonicalSearch {
 };
 
 // search_small: two schedules over the canonical search share the budget
-// (the exact one half of it, whichever has used less of its share runs
+// (the exact one half of it; with the raise below, a third of the first 3 s
+// of work and two thirds after; whichever has used less of its share runs
 // next): MiniMalloc's round robin at the lower
 // bound (its WAT, TAW, TWA pre-orders, each part re-ordered as the search
 // splits it, node limits n, 2n, 4n, ... without cap), and a ladder with
