@@ -13,6 +13,30 @@
 
 namespace renaissance::planner::detail {
 
+namespace {
+// The failed-state table (CanonicalSearch::Failed, 32 bytes a slot): at
+// most 2^18 slots, 8 MiB.
+constexpr std::size_t kFailedSlotsMax = std::size_t{1} << 18;
+// search_small's budget split over a whole instance (with the raise; the
+// peak repair's sub-searches keep half and half). exact_used <= ratio *
+// others gives the exact
+// schedule ratio / (1 + ratio) of the work: a third (0.5) for the first
+// kLateUnits (3 s of budget at planner.cpp's 1.7e8 units a second), two
+// thirds (2.0) after. Every improvement on MiniMalloc's B, D and E in the
+// first 3 s came from the ladder and the raise (their plans within 0.2 s
+// of work, the better ones at 1.2-2.6 s), while the exact schedule's
+// doubling rounds reach the node counts a plan at the bound needs (B: 168k
+// nodes with TAW, E: 507k with TWA) only after seconds: with half of
+// the budget from the start, 3 s gave B +4.98%, D +5.92%, E +7.72% (a
+// third: +2.44%, +5.40%, +7.32%), and with a third throughout, E stayed at
+// +5.96% after 10 s (half: at LOAD). The split depends on the work used
+// so far only, never on the budget, so a longer budget runs a longer
+// prefix of the same schedule.
+constexpr std::uint64_t kLateUnits = 510'000'000;
+constexpr double kEarlyRatio = 0.5;
+constexpr double kLateRatio = 2.0;
+}  // namespace
+
 CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
     : inst_(inst), n_(inst.num_free), ticks_(inst.ticks), map_(map) {
   overlaps_.resize(n_);
@@ -216,6 +240,15 @@ CanonicalSearch::Status CanonicalSearch::solve(
   min_off_ = initial_min_off_;
   floor_ = initial_floor_;
   trail_.clear();
+  if (memo_) {
+    // Ranks differ between pre-orders and the capacity between calls: a
+    // fresh table per solve(), as large as the node limit can fill.
+    std::size_t slots = 1024;
+    while (slots < kFailedSlotsMax && slots < node_limit) slots <<= 1;
+    failed_.assign(slots, Failed{});
+    work.add(slots / 4);
+  }
+  memo_hits_ = 0;
   work.add(static_cast<std::uint64_t>(ticks_) * (2 + classes_) / 4 + n_);
   std::vector<Cand>& all = levels_[0];
   all.clear();
@@ -302,6 +335,38 @@ CanonicalSearch::Status CanonicalSearch::solve_parts(std::uint32_t depth,
   return status;
 }
 
+void CanonicalSearch::state_key(const std::vector<Cand>& cur, std::int32_t lo, std::int32_t hi,
+                                std::uint64_t& h1, std::uint64_t& h2) const {
+  // Order-free sums of per-candidate hashes: equal sets give equal keys
+  // whatever the order they were reached in.
+  std::uint64_t a = 0, b = 0;
+  for (const Cand& c : cur) {
+    std::uint64_t s1 = (std::uint64_t{c.item} << 32 | c.rank) * 0x9e3779b97f4a7c15ull ^ c.off;
+    std::uint64_t s2 = s1 ^ 0x6a09e667f3bcc909ull;
+    a += mix(s1);
+    b ^= mix(s2) + c.off * 0xc2b2ae3d27d4eb4full;
+  }
+  std::uint64_t r = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(lo)) << 32) |
+                    static_cast<std::uint32_t>(hi);
+  r ^= std::uint64_t{multi_left_} * 0xff51afd7ed558ccdull;
+  std::uint64_t r2 = r + 0x1234567;
+  h1 = a ^ mix(r);
+  h2 = b + mix(r2);
+}
+
+CanonicalSearch::Failed* CanonicalSearch::failed_slot(std::uint64_t h1, std::uint64_t h2) {
+  const std::size_t mask = failed_.size() - 1;
+  const std::size_t base = static_cast<std::size_t>(h1) & mask & ~std::size_t{3};
+  Failed* empty = nullptr;
+  for (std::size_t k = 0; k < 4; ++k) {
+    Failed& f = failed_[base + k];
+    if (f.h1 == h1 && f.h2 == h2) return &f;
+    if (empty == nullptr && f.last_off == kUnplaced) empty = &f;
+  }
+  // Full: replace one of the four, chosen by the other hash.
+  return empty != nullptr ? empty : &failed_[base + (h2 & 3)];
+}
+
 CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vector<Cand>& parent,
                                              std::uint64_t last_off, std::uint32_t last_rank,
                                              std::int32_t lo, std::int32_t hi) {
@@ -340,6 +405,42 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
   for (const Cand& c : cur) min_height = std::min(min_height, c.off + inst_.size[c.item]);
   charge(8 + 2 * cur.size() + static_cast<std::uint64_t>(hi - lo));
   if (!check(cur, last_off, lo, hi)) return Status::kInfeasible;
+  // The subtree below is a function of this state (the candidates with
+  // their offsets and ranks, the range) and of the canonical constraint:
+  // a state that failed under a constraint no stronger than this one
+  // fails again (this one's candidates are a subset of that one's).
+  std::uint64_t h1 = 0, h2 = 0;
+  Failed* slot = nullptr;
+  if (memo_) {
+    state_key(cur, lo, hi, h1, h2);
+    charge(4 + cur.size());
+    slot = failed_slot(h1, h2);
+    if (slot->h1 == h1 && slot->h2 == h2 &&
+        (slot->last_off < last_off || (slot->last_off == last_off && slot->last_rank <= last_rank))) {
+      ++memo_hits_;
+      return Status::kInfeasible;
+    }
+  }
+  const Status result = dfs_children(depth, cur, min_height, last_off, last_rank, lo, hi);
+  if (memo_ && result == Status::kInfeasible) {
+    slot = failed_slot(h1, h2);
+    if (slot->h1 != h1 || slot->h2 != h2 || slot->last_off == kUnplaced) {
+      *slot = {h1, h2, last_off, last_rank};
+    } else if (last_off < slot->last_off ||
+               (last_off == slot->last_off && last_rank < slot->last_rank)) {
+      slot->last_off = last_off;
+      slot->last_rank = last_rank;
+    }
+  }
+  return result;
+}
+
+CanonicalSearch::Status CanonicalSearch::dfs_children(std::uint32_t depth,
+                                                      const std::vector<Cand>& cur,
+                                                      std::uint64_t min_height,
+                                                      std::uint64_t last_off,
+                                                      std::uint32_t last_rank,
+                                                      std::int32_t lo, std::int32_t hi) {
 
   for (std::size_t ci = 0; ci < cur.size(); ++ci) {
     const Cand c = cur[ci];
@@ -562,7 +663,8 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     }
     return work.out() || height <= lb;
   };
-  // Three schedules share the budget, the exact one half of it and the
+  // Three schedules share the budget, the exact one a third of the first
+  // kLateUnits and two thirds after (half and half without the raise), the
   // other two the rest, each run next by whichever has used least of its
   // share:
   //  * exact: MiniMalloc's round robin at the lower bound: its three
@@ -598,16 +700,21 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
                                                 (1.0L + static_cast<long double>(k) * step));
     return cap < height && cap > lb ? cap : kUnplaced;
   };
+  const std::uint64_t start_used = work.used();
   for (;;) {
     if (work.out() || height <= lb) return;
     const std::uint64_t before = work.used();
     bool found = false;
     const bool ladder_open = height > lb + 1 && next_target() > lb;
     const bool raise_open = raise && level_cap(1) != kUnplaced;
-    // The exact schedule gets half of the budget, the other two share the
-    // rest: a reachable bound is the one plan that can be proved optimal.
+    // The exact schedule gets a third of the first kLateUnits of work and
+    // two thirds after, the other two share the rest (see kLateUnits).
     const std::uint64_t others = (ladder_open ? ladder_used : 0) + (raise_open ? raise_used : 0);
-    if ((!ladder_open && !raise_open) || exact_used <= others) {
+    // exact_used <= r * others gives the exact schedule r / (1 + r).
+    // The peak repair's sub-searches (no raise) keep half and half.
+    const double ratio = !raise ? 1.0 : before - start_used < kLateUnits ? kEarlyRatio : kLateRatio;
+    if ((!ladder_open && !raise_open) ||
+        static_cast<double>(exact_used) <= ratio * static_cast<double>(others)) {
       const bool stop = attempt(lb, fixed_orders[exact_k], &fixed_keys[exact_k],
                                 round_limit(exact_round), found);
       exact_used += work.used() - before;

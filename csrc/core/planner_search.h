@@ -16,6 +16,13 @@
 //     and the capacity; with obstacles, per size class: the remaining bytes
 //     of buffers of size >= L must fit into the free ranges above the floor
 //     that are at least L long (see planner_obstacles.h);
+//   * failed states: the subtree below a node is a function of its
+//     candidates (item, lowest offset, rank), its time range and the
+//     canonical constraint (last offset, rank); a table of states proved
+//     infeasible (two 64-bit hashes, lossy, per solve()) prunes a state
+//     met again under a constraint no weaker than the one it failed under
+//     (placements that differ below but leave the unplaced buffers the same
+//     lowest offsets);
 //   * hatless pruning: when a placed buffer constrains nothing unplaced, its
 //     siblings need not be tried;
 //   * before a placement splits the time range into parts (solve_parts),
@@ -71,6 +78,11 @@ class CanonicalSearch {
   std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
   // Nodes visited by the last solve().
   std::uint64_t nodes() const { return nodes_; }
+  // States the last solve() found in its table of failed ones.
+  std::uint64_t memo_hits() const { return memo_hits_; }
+  // The table of failed states (on by default; off only to compare).
+  void set_failure_memo(bool on) { memo_ = on; }
+
 
  private:
   struct Cand {
@@ -84,8 +96,24 @@ class CanonicalSearch {
     std::uint64_t old;
   };
 
+  // A search state that was proved to have no completion (see dfs()):
+  // two independent 64-bit hashes of the candidates (item, offset, rank)
+  // and the range, and the weakest canonical constraint (offset, rank) it
+  // failed under.
+  struct Failed {
+    std::uint64_t h1 = 0, h2 = 0;
+    std::uint64_t last_off = kUnplaced;
+    std::uint32_t last_rank = 0;
+  };
+  void state_key(const std::vector<Cand>& cur, std::int32_t lo, std::int32_t hi,
+                 std::uint64_t& h1, std::uint64_t& h2) const;
+  Failed* failed_slot(std::uint64_t h1, std::uint64_t h2);
+
   Status dfs(std::uint32_t depth, const std::vector<Cand>& parent, std::uint64_t last_off,
              std::uint32_t last_rank, std::int32_t lo, std::int32_t hi);
+  Status dfs_children(std::uint32_t depth, const std::vector<Cand>& cur, std::uint64_t min_height,
+                      std::uint64_t last_off, std::uint32_t last_rank, std::int32_t lo,
+                      std::int32_t hi);
   // Solves the parts of [lo, hi) between `points` (ticks no unplaced item
   // crosses) one after the other; they share no item, so any failing part
   // fails the whole.
@@ -145,6 +173,9 @@ class CanonicalSearch {
   std::vector<std::uint32_t> initial_cuts_;
   std::uint32_t initial_multi_ = 0;
   std::vector<std::uint64_t> initial_total_, initial_rem_, initial_min_off_, initial_floor_;
+  std::vector<Failed> failed_;       // lossy table, direct mapped, 4-way
+  bool memo_ = true;
+  std::uint64_t memo_hits_ = 0;
   std::vector<std::int32_t> next_;  // check(): next tick not yet settled
   const OrderKeys* rerank_ = nullptr;
   std::vector<double> part_t_;      // solve_parts(): T per item of a part
@@ -152,7 +183,8 @@ class CanonicalSearch {
 };
 
 // search_small: two schedules over the canonical search share the budget
-// (the exact one half of it, whichever has used less of its share runs
+// (the exact one half of it; with the raise below, a third of the first 3 s
+// of work and two thirds after; whichever has used less of its share runs
 // next): MiniMalloc's round robin at the lower
 // bound (its WAT, TAW, TWA pre-orders, each part re-ordered as the search
 // splits it, node limits n, 2n, 4n, ... without cap), and a ladder with

@@ -867,6 +867,101 @@ void test_search_raise(int iterations) {
         raised, iterations);
 }
 
+// The canonical search's table of failed states changes no verdict: on
+// random instances of 8-16 buffers (some cyclic, some with obstacles), at
+// every capacity from LOAD up to the first feasible one, the search with
+// the table and without it (the reference) agree on found / infeasible,
+// so both find the same optimum, and a found plan is valid and within the
+// capacity. The table must also be used (hits > 0 over the run), or this
+// would test nothing.
+void test_search_memo(int iterations) {
+  namespace d = renaissance::planner::detail;
+  Gen g(11);
+  std::uint64_t hits = 0;
+  int compared = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const Problem p = g.problem(static_cast<int>(g.uni(8, 16)), g.uni(4, 12), it % 3 == 1,
+                                it % 4 == 0 ? 2 : 0, 0);
+    const d::Instance inst(p);
+    if (inst.num_free < 2) continue;
+    const d::ObstacleMap map(inst);
+    d::CanonicalSearch with(inst, map), without(inst, map);
+    without.set_failure_memo(false);
+    std::vector<std::uint32_t> order(inst.num_free);
+    std::iota(order.begin(), order.end(), 0u);
+    std::shuffle(order.begin(), order.end(), g.rng);
+    std::uint64_t rng = static_cast<std::uint64_t>(it);
+    const d::OrderKeys keys = d::order_keys(inst, it % 2 ? "TWA" : "WAT", 0.0, rng);
+    const d::OrderKeys* rerank = it % 2 ? &keys : nullptr;
+    const std::uint64_t limit = 200000;
+    for (std::uint64_t cap = std::max(inst.load, inst.fixed_top);; ++cap) {
+      d::Work w1(std::numeric_limits<std::uint64_t>::max(), 600.0);
+      d::Work w2(std::numeric_limits<std::uint64_t>::max(), 600.0);
+      std::vector<std::uint64_t> o1 = d::initial_offsets(inst), o2 = o1;
+      const auto ref = without.solve(cap, order, limit, w2, o2, rerank);
+      if (ref == d::CanonicalSearch::Status::kAborted) break;  // too hard to compare
+      const auto got = with.solve(cap, order, limit, w1, o1, rerank);
+      hits += with.memo_hits();
+      ++compared;
+      CHECK(got == ref, "memo: verdict %d vs %d without the table at capacity %llu (iteration %d)",
+            static_cast<int>(got), static_cast<int>(ref), static_cast<unsigned long long>(cap), it);
+      CHECK(with.nodes() <= without.nodes(), "memo: %llu nodes vs %llu without (iteration %d)",
+            static_cast<unsigned long long>(with.nodes()),
+            static_cast<unsigned long long>(without.nodes()), it);
+      if (got != d::CanonicalSearch::Status::kFound) continue;
+      std::vector<std::uint64_t> full(p.buffers.size(), 0);
+      for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = o1[i];
+      CHECK(pl::validate(p, full).empty() && plan_size(p, full) <= cap,
+            "memo: plan invalid or above %llu (iteration %d)", static_cast<unsigned long long>(cap),
+            it);
+      break;
+    }
+  }
+  std::printf("plan_test: memo: %d searches compared, %llu states found failed\n", compared,
+              static_cast<unsigned long long>(hits));
+  CHECK(compared >= iterations / 2, "memo: only %d searches compared", compared);
+  CHECK(hits > 0, "memo: the table of failed states was never used (%d searches)", compared);
+}
+
+// MiniMalloc's challenging instance B at its LOAD (1,048,576 bytes) with
+// the TAW pre-order: 167,709 nodes with the table of failed states, 207,457
+// without (the same path otherwise), so within 180,000 (skipped without
+// ../shared/data).
+void test_search_memo_minimalloc_b() {
+  namespace d = renaissance::planner::detail;
+  std::FILE* f = std::fopen("../shared/data/traces/dsa/minimalloc_B.csv", "r");
+  if (f == nullptr) {
+    std::printf("plan_test: ../shared/data absent, MiniMalloc B skipped\n");
+    return;
+  }
+  Problem p;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    long long id = 0, lower = 0, upper = 0, size = 0;
+    if (std::sscanf(line, "%lld,%lld,%lld,%lld", &id, &lower, &upper, &size) != 4) continue;
+    p.buffers.push_back({static_cast<std::uint64_t>(size), lower, upper});
+  }
+  std::fclose(f);
+  CHECK(p.buffers.size() == 170, "MiniMalloc B: %zu buffers, not 170", p.buffers.size());
+  const d::Instance inst(p);
+  CHECK(inst.load == 1048576, "MiniMalloc B: LOAD %llu", static_cast<unsigned long long>(inst.load));
+  const d::ObstacleMap map(inst);
+  d::CanonicalSearch search(inst, map);
+  std::uint64_t rng = 0;
+  const d::OrderKeys keys = d::order_keys(inst, "TAW", 0.0, rng);
+  const std::vector<std::uint32_t> order = d::preorder(keys, d::pressures(inst));
+  d::Work work(std::numeric_limits<std::uint64_t>::max(), 600.0);
+  std::vector<std::uint64_t> offs = d::initial_offsets(inst);
+  const auto status = search.solve(inst.load, order, 180000, work, offs, &keys);
+  CHECK(status == d::CanonicalSearch::Status::kFound,
+        "MiniMalloc B at LOAD: status %d after %llu nodes", static_cast<int>(status),
+        static_cast<unsigned long long>(search.nodes()));
+  std::vector<std::uint64_t> full(p.buffers.size(), 0);
+  for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
+  CHECK(pl::validate(p, full).empty() && plan_size(p, full) == 1048576,
+        "MiniMalloc B: plan invalid or not at LOAD");
+}
+
 // MiniMalloc's challenging instance E (../shared/data/traces/dsa, skipped
 // when absent) at its LOAD, 1,048,576 bytes: the canonical search with the
 // TWA pre-order (parts re-ordered as they split) finds a plan there within
@@ -1005,6 +1100,8 @@ int main(int argc, char** argv) {
   test_search_exact(iterations);
   test_search_raise(iterations);
   test_search_checks_before_split();
+  test_search_memo(iterations);
+  test_search_memo_minimalloc_b();
   test_sweep_only_on_a_tiny_clock();
   test_bound_cases();
   test_obstacle_plans(iterations);
