@@ -62,6 +62,16 @@
 
 namespace renaissance {
 
+// A live-out of the recorded step that may stand in the way of the first
+// replay (alternating layouts): the phase-1 instance of planned slot `k`
+// is pinned at `at` when a buffer live in [0, until) of the cycle overlaps
+// [at, at + bytes). StepPlanJob::PinCandidate.
+struct StepPinCandidate {
+  std::size_t k = 0;
+  std::uint64_t at = 0, bytes = 0;
+  std::int64_t until = 0;
+};
+
 class StepPlanner {
   friend struct StepPlanJob;
 
@@ -112,7 +122,11 @@ class StepPlanner {
     std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
     std::uint64_t opener = 0;            // the thread that began the step
   };
-  struct Slot {
+  // One request position of a layout: its (max) size, lifetime in the
+  // step's ticks, stream and offset per phase (was StepPlanner::Slot; the
+  // static planner's MemoryPlan calls its placements slots). A layout's
+  // `slots` are indexed by the request's position in its step.
+  struct PlannedBuffer {
     std::size_t size = 0;
     std::int64_t lower = 0, upper = 0;
     StreamId stream = 0;
@@ -120,7 +134,7 @@ class StepPlanner {
     std::size_t offset[2] = {0, 0};  // per phase (equal in a one-phase layout)
   };
   struct Layout {
-    std::vector<Slot> slots;
+    std::vector<PlannedBuffer> slots;
     std::int64_t horizon = 0;  // the step's length in logical ticks
     StreamId stream = 0;
     std::size_t top = 0;       // end of the highest slot
@@ -157,10 +171,31 @@ class StepPlanner {
   // (lowering it when the old layouts were larger); none when it has none.
   void fit_territory(StreamId stream);
   std::unique_ptr<PlanJob> plan_step(std::vector<std::size_t> sizes);
+  // plan_step's parts, in order. The open step's buffers with their
+  // lifetimes (live-outs matched with the previous step's, see the top).
+  std::vector<PlannedBuffer> derive_lifetimes(StreamId stream, std::int64_t T) const;
+  // Merges `slots` into the kept layout of the same structure whose merged
+  // LOAD is lowest (within kMergeSlack); returns it (or nullptr: a layout of
+  // its own), with the merged horizon and the LOAD of the steps it holds.
+  Layout* merge_with_layout(std::vector<PlannedBuffer>& slots, std::int64_t T,
+                            std::int64_t& horizon, std::size_t& variant_load) const;
+  static int make_problem(std::vector<PlannedBuffer>& slots, std::int64_t horizon,
+                          planner::Problem& problem, std::vector<std::size_t>& index);
+  // A live block of the open step that is a planned slot (a live-out).
+  bool wraps_next_step(const Block* b, const std::vector<PlannedBuffer>& slots) const;
+  // Adds the territory candidate's live blocks to `problem` as obstacles
+  // (or, for this step's live-outs, as pin candidates); returns the
+  // obstacle bytes, with the bytes live outside the step in `persistent`.
+  std::size_t collect_obstacles(const std::vector<PlannedBuffer>& slots,
+                                const std::vector<std::size_t>& index, std::int64_t horizon,
+                                std::int64_t fixed_upper, StreamId stream,
+                                planner::Problem& problem,
+                                std::vector<StepPinCandidate>& pins,
+                                std::size_t& persistent) const;
   // Merges layout `l` into `slots` (a step of T ticks); returns the merged horizon.
-  static std::int64_t merge_into(std::vector<Slot>& slots, std::int64_t T, const Layout& l);
+  static std::int64_t merge_into(std::vector<PlannedBuffer>& slots, std::int64_t T, const Layout& l);
   // LOAD of the planned slots on a step of `horizon` ticks.
-  static std::size_t load_of(const std::vector<Slot>& slots, std::int64_t horizon);
+  static std::size_t load_of(const std::vector<PlannedBuffer>& slots, std::int64_t horizon);
   // A variant shares a layout while the merged LOAD is at most this much
   // above the LOAD of each step it holds.
   static constexpr double kMergeSlack = 1.05;
@@ -170,7 +205,7 @@ class StepPlanner {
   Variant* find_variant(const std::vector<std::size_t>& sizes);  // of the open step's key
   bool same_structure(const Layout& l) const;  // same key, count and streams as the open step
   Layout* covering_layout() const;  // a layout whose slots hold this step
-  Block* place_slot(const Slot& s, std::size_t requested, std::size_t rounded, StreamId stream);
+  Block* place_slot(const PlannedBuffer& s, std::size_t requested, std::size_t rounded, StreamId stream);
   // The address request i of the open step should repeat (false: none).
   bool reference_address(std::size_t i, std::uintptr_t& out) const;
   void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
@@ -227,15 +262,7 @@ class StepPlanner {
 // by StepPlanner::end_step(), planned by run() without it, installed by
 // install() with it.
 struct StepPlanJob {
-  // A live-out of the recorded step that may stand in the way of the first
-  // replay (alternating layouts): the phase-1 instance of planned slot `k`
-  // is pinned at `at` when a buffer live in [0, until) of the cycle overlaps
-  // [at, at + bytes).
-  struct PinCandidate {
-    std::size_t k = 0;
-    std::uint64_t at = 0, bytes = 0;
-    std::int64_t until = 0;
-  };
+  using PinCandidate = StepPinCandidate;
   static constexpr std::uint64_t kNotPinned = ~std::uint64_t(0);
   // Above this many slots, the phases are not aligned (O(n^2) checks).
   static constexpr std::size_t kAlignMax = 8192;
@@ -243,7 +270,7 @@ struct StepPlanJob {
   planner::Problem problem;
   planner::Options options;
   planner::Result result;
-  std::vector<StepPlanner::Slot> slots;
+  std::vector<StepPlanner::PlannedBuffer> slots;
   std::vector<std::size_t> index;  // problem buffer -> slot
   std::vector<std::size_t> sizes;  // the variant's size sequence
   StepPlanner::Layout* target = nullptr;  // the layout it merges into (may be gone at install)
