@@ -61,7 +61,7 @@ bool StepPlanner::plans_calling_thread() const {
 
 Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
   // During a CUDA-graph capture no event may be waited on: no replay then.
-  if (!open_ || !replaying_ || !active_ || arena_.capturing_) return nullptr;
+  if (!open_ || !replaying_ || !active_ || view_.capturing) return nullptr;
   // Another thread's work during the step: the dynamic pool, unrecorded.
   if (!counts_thread(thread_tag())) return nullptr;
   const std::size_t i = cur_->entries.size();
@@ -90,7 +90,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
     // The sequence left every layout: serve the rest of the step dynamically,
     // with the territory handed back so that nothing is held twice.
     replaying_ = false;
-    arena_.demote_locked(arena_.territory_of_locked(active_->stream));
+    territory_.demote(territory_.of(active_->stream));
     return nullptr;
   }
   const PlannedBuffer& s = active_->slots[i];
@@ -114,8 +114,8 @@ Block* StepPlanner::place_slot(const PlannedBuffer& s, std::size_t requested, st
                                StreamId stream) {
   // The slot's stream is the layout's, so this is that stream's territory:
   // memory of another stream is never handed out through a plan.
-  Segment* seg = arena_.territory_of_locked(s.stream);
-  return seg ? arena_.place_locked(seg, s.offset[phase_], rounded, requested, stream) : nullptr;
+  Segment* seg = territory_.of(s.stream);
+  return seg ? territory_.place(seg, s.offset[phase_], rounded, requested, stream) : nullptr;
 }
 
 void StepPlanner::on_allocated(Block* b) {
@@ -185,9 +185,9 @@ bool StepPlanner::activate_territory() {
     if (l->stream == stream) top = std::max(top, l->top);
   }
   if (top == 0) return false;
-  Segment* seg = arena_.territory_of_locked(stream);
+  Segment* seg = territory_.of(stream);
   if (seg && seg->plan_top >= top) return true;
-  return arena_.territory_segment_locked(stream, top) != nullptr;
+  return territory_.fit(stream, top) != nullptr;
 }
 
 void StepPlanner::fit_territory(StreamId stream) {
@@ -195,11 +195,11 @@ void StepPlanner::fit_territory(StreamId stream) {
   for (const auto& l : layouts_) {
     if (l->stream == stream) top = std::max(top, l->top);
   }
-  Segment* seg = arena_.territory_of_locked(stream);
+  Segment* seg = territory_.of(stream);
   if (top == 0) {
-    arena_.demote_locked(seg);
+    territory_.demote(seg);
   } else if (!seg || seg->plan_top != top) {
-    arena_.territory_segment_locked(stream, top);
+    territory_.fit(stream, top);
   }
 }
 
@@ -244,7 +244,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
 
 void StepPlanner::release_territory() {
   if (open_) replaying_ = false;
-  arena_.demote_locked();
+  territory_.demote_all();
 }
 
 std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
@@ -292,7 +292,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     const bool clean = cur_->phase >= 0 && !missed_ && step_conflicts_ == 0;
     if (clean) --settle_steps_;
     if (++settle_releases_ >= kSettleReleases) settle_steps_ = 0;
-    arena_.release_cached_locked();
+    view_.release_cached();
   }
   auto& slot = last_by_key_[key_];
   if (slot) {
@@ -357,7 +357,7 @@ bool StepPlanner::drop_irregular_threads() {
   }
   cur.entries = std::move(entries);
   cur.threads = std::move(threads);
-  for (const auto& [ptr, b] : arena_.live_) {
+  for (const auto& [ptr, b] : view_.live) {
     if (b->step != step_ || b->seq < 0 || static_cast<std::size_t>(b->seq) >= renum.size()) continue;
     b->seq = renum[static_cast<std::size_t>(b->seq)];
     if (b->seq < 0) b->step = 0;
@@ -367,7 +367,7 @@ bool StepPlanner::drop_irregular_threads() {
 
 bool StepPlanner::obstacles_gone(const Layout& l) const {
   if (l.lasting == 0 || l.lasting * 8 < l.top) return false;
-  const Segment* seg = arena_.territory_of_locked(l.stream);
+  const Segment* seg = territory_.of(l.stream);
   if (!seg) return false;
   std::size_t now = 0;
   for (const Block* b = seg->head; b && b->ptr < seg->base + l.top; b = b->next) {
@@ -423,7 +423,7 @@ void StepPlanner::remember_variant(Layout* layout, std::vector<std::size_t> size
   } else {
     variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_});
   }
-  while (variants_.size() > std::max<std::size_t>(1, arena_.config_.max_variants)) {
+  while (variants_.size() > std::max<std::size_t>(1, view_.config.max_variants)) {
     forget_least_recent_variant();
   }
 }
@@ -670,7 +670,7 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
                                            std::vector<StepPinCandidate>& pins,
                                            std::size_t& persistent) const {
   auto wraps_next_step = [&](const Block* b) { return this->wraps_next_step(b, slots); };
-  Segment* seg = arena_.territory_candidate_locked(stream);
+  Segment* seg = territory_.candidate(stream);
   std::size_t obstacle_bytes = 0;
   if (seg) {
     for (Block* b = seg->head; b; b = b->next) {
@@ -706,7 +706,7 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
     }
   }
   persistent = 0;
-  for (const auto& [ptr, b] : arena_.live_) {
+  for (const auto& [ptr, b] : view_.live) {
     if (!wraps_next_step(b)) persistent += b->size;
   }
 
@@ -780,7 +780,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
       collect_obstacles(slots, index, horizon, fixed_upper, stream, problem, pins, persistent);
 
   auto job = std::make_unique<PlanJob>();
-  job->options.budget_seconds = arena_.config_.plan_budget_seconds;
+  job->options.budget_seconds = view_.config.plan_budget_seconds;
   job->pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
   job->problem = std::move(problem);
   job->slots = std::move(slots);
@@ -901,7 +901,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     s.offset[1] = r.offsets[job->phases == 2 ? k + n : k];
     layout->top = std::max({layout->top, s.offset[0] + s.size, s.offset[1] + s.size});
   }
-  layout->top = round_up(layout->top, arena_.unit_);
+  layout->top = round_up(layout->top, view_.unit);
   layout->load = job->variant_load;
   layout->layout_load = job->step_load;
   layout->bound = r.lower_bound;
@@ -942,9 +942,8 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     // What recording left in the dynamic pool goes back first, so that a
     // territory outgrown in fixed segments (its step served dynamically) is
     // never held beside the new one (issue 11).
-    arena_.release_cached_locked();
-    std::vector<StreamId> streams;
-    for (const auto& [stream, seg] : arena_.territory_) streams.push_back(stream);
+    view_.release_cached();
+    std::vector<StreamId> streams = territory_.streams();
     for (const auto& l : layouts_) streams.push_back(l->stream);
     std::sort(streams.begin(), streams.end());
     streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
@@ -955,7 +954,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   // were clean; see end_step).
   settle_steps_ = 2;
   settle_releases_ = 0;
-  arena_.release_cached_locked();
+  view_.release_cached();
 }
 
 StepRecord StepPlanner::last_step() const {

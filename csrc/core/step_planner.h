@@ -50,6 +50,17 @@
 //     S's layouts after each plan, and blocks pending at plan time are no
 //     obstacles (they are released into the territory with an epoch event
 //     that the placements there wait on, or the slot falls back).
+//
+// Contract (StepPlanner, Territory, Arena): the arena owns one StepPlanner
+// and calls its hooks with its lock held (all but run()). The planner owns
+// traces, layouts, variants and the per-block fields Block::step and
+// Block::seq. It changes the territory only through its Territory&
+// (candidate, fit, demote, demote_all, place; territory.h) and sees the
+// rest of the arena through StepArenaView: the config, the rounding unit,
+// the live map and the capture flag, read-only, and release_cached(), its
+// one change to the dynamic pool. It never splits, indexes or frees a block
+// itself. StepPlanJob is the planner's own record of one plan (a friend to
+// name PlannedBuffer and Layout), read by run() without the arena's lock.
 #pragma once
 
 #include <cstdint>
@@ -57,10 +68,25 @@
 #include <memory>
 #include <vector>
 
+#include <functional>
+
 #include "core/arena.h"
 #include "core/planner.h"
+#include "core/territory.h"
 
 namespace renaissance {
+
+// What the planner sees of its arena besides the territory: read-only,
+// but for release_cached (gives back what the free lists cache: empty_cache
+// without the territory, PyTorch's release_cached_blocks) and the planner's
+// own per-block fields (Block::step, Block::seq) of the live blocks.
+struct StepArenaView {
+  const ArenaConfig& config;
+  std::size_t unit;      // rounding and alignment of block sizes (bytes)
+  const LiveMap& live;   // live allocations by address
+  const bool& capturing;  // a CUDA-graph capture is open (Arena::set_capturing)
+  std::function<std::size_t()> release_cached;  // returns the bytes given back
+};
 
 // A live-out of the recorded step that may stand in the way of the first
 // replay (alternating layouts): the phase-1 instance of planned slot `k`
@@ -76,7 +102,8 @@ class StepPlanner {
   friend struct StepPlanJob;
 
  public:
-  explicit StepPlanner(Arena& arena) : arena_(arena) {}
+  StepPlanner(Territory& territory, StepArenaView view)
+      : territory_(territory), view_(std::move(view)) {}
 
   // Allocation hooks.
   Block* place(std::size_t requested, std::size_t rounded, StreamId stream);
@@ -228,7 +255,8 @@ class StepPlanner {
   // under the top), only for such layouts.
   bool obstacles_gone(const Layout& l) const;
 
-  Arena& arena_;
+  Territory& territory_;
+  const StepArenaView view_;
   bool open_ = false;
   bool replaying_ = false;
   std::uint64_t step_ = 0;
