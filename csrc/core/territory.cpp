@@ -177,9 +177,7 @@ void Territory::adopt_pending() {
   // of either region qualify: a dynamic block the territory grew over (one
   // still pending when its step was planned) is no obstacle of the plan.
   if (by_stream_.empty() || host_.capturing()) return;
-  auto inside = [this](const Block* b) {
-    return is_territory(b->segment) && b->segment->in_territory(b);
-  };
+  auto inside = [this](const Block* b) { return holds(b); };
   for (PoolSide region : {PoolSide::kPlanned, PoolSide::kDynamic}) {
     std::vector<std::pair<StreamId, EventId>> events;
     auto blocks = pending_.release_region(region, inside, events);
