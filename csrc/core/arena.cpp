@@ -55,6 +55,7 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
       group_(std::move(group)),
       events_(*device_),
       pending_(*device_, events_),
+      territory_(*this, *device_, events_, pending_, stats_),
       serial_(++g_arena_serial),
       fronts_enabled_(!group_),
       registry_(std::make_shared<FrontRegistry>()) {
@@ -84,7 +85,10 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
                                 " bytes) must be a multiple of the alignment (" +
                                 std::to_string(unit_) + " bytes)");
   }
-  if (config_.planning) steps_ = std::make_unique<StepPlanner>(*this);
+  if (config_.planning) {
+    steps_ = std::make_unique<StepPlanner>(
+        territory_, StepArenaView{config_, unit_, live_, capturing_, [this] { return release_cached_locked(); }});
+  }
   if (fronts_enabled_) {
     // Fronts hold small-pool blocks only (a request the dynamic pool serves
     // from the small pool outside steps), and never one the device refuses.
@@ -115,7 +119,7 @@ Arena::~Arena() {
       // A destructor must not throw; the process is going away with the device.
     }
   }
-  for (EpochEvent& e : epoch_) events_.put(e.event);
+  territory_.release_events();
   if (group_) {
     try {
       group_->withdraw(published_);
@@ -368,17 +372,11 @@ void Arena::set_capturing(bool capturing) {
   capturing_ = capturing;
   update_fronts_open_locked();
   if (capturing) return;
-  if (demote_after_capture_) {
-    // A demotion (or a lowering) asked for during the capture: the epoch
-    // events can be synchronized now. The step planner re-activates the
-    // territory at the next step.
-    demote_after_capture_ = false;
-    demote_locked();
-  }
+  territory_.after_capture();
   // Give back what release_segment_locked had to keep during the capture.
   std::vector<Segment*> due;
   for (auto& [base, seg] : segments_) {
-    if (seg->retire && seg->live == 0 && !is_territory_locked(seg.get())) due.push_back(seg.get());
+    if (seg->retire && seg->live == 0 && !territory_.is_territory(seg.get())) due.push_back(seg.get());
   }
   for (Segment* seg : due) release_segment_locked(seg);
 }
@@ -574,7 +572,7 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   // So does what other threads allocate during a step (it is no part of
   // the step): all of their work then sits in one pool, never in the way of
   // the next plan.
-  if (pool == PoolKind::kLarge && use_ranges() && steps_ && territory_of_locked(stream) &&
+  if (pool == PoolKind::kLarge && use_ranges() && steps_ && territory_.of(stream) &&
       (!steps_->in_step() || !steps_->plans_calling_thread())) {
     persistent = true;
   }
@@ -983,7 +981,7 @@ void Arena::release_free_segments_for_locked(std::size_t bytes) {
   if (!over()) return;
   std::vector<Segment*> free_segs;
   for (auto& [base, seg] : segments_) {
-    if (!seg->expandable && seg->wholly_free() && !is_territory_locked(seg.get())) {
+    if (!seg->expandable && seg->wholly_free() && !territory_.is_territory(seg.get())) {
       free_segs.push_back(seg.get());
     }
   }
@@ -1077,10 +1075,7 @@ void Arena::release_segment_locked(Segment* seg) {
     stats_.sub(stats_.segment, seg->pool, 1);
     if (!seg->expandable) ++stats_.num_device_free;  // unmapping counted its runs
   }
-  if (is_territory_locked(seg)) territory_.erase(seg->stream);
-  if (auto it = outgrown_.find(seg->stream); it != outgrown_.end() && it->second == seg) {
-    outgrown_.erase(it);
-  }
+  territory_.forget(seg);
   char* const base = seg->base;
   const std::size_t capacity = seg->capacity;
   const bool expandable = seg->expandable;
@@ -1100,8 +1095,8 @@ std::size_t Arena::release_cached_locked() {
     if (seg->expandable) {  // every free granule outside planned territory
       released += release_free_granules_locked(seg.get());
       // An empty one gives its address range back too (streams come and go).
-      if (seg->size == 0 && !is_territory_locked(seg.get())) wholly_free.push_back(seg.get());
-    } else if (seg->wholly_free() && !is_territory_locked(seg.get())) {
+      if (seg->size == 0 && !territory_.is_territory(seg.get())) wholly_free.push_back(seg.get());
+    } else if (seg->wholly_free() && !territory_.is_territory(seg.get())) {
       wholly_free.push_back(seg.get());
     }
   }
@@ -1208,7 +1203,7 @@ void Arena::merge_free_locked(Block* b) {
     absorb_next_locked(b);
   }
   index_free_locked(b);
-  if (seg->retire && seg->live == 0 && !is_territory_locked(seg)) release_segment_locked(seg);
+  if (seg->retire && seg->live == 0 && !territory_.is_territory(seg)) release_segment_locked(seg);
 }
 
 // ---------------------------------------------------------------------------
@@ -1240,7 +1235,7 @@ Block* Arena::take_cached_locked(std::size_t requested, std::size_t rounded, Str
   // stream with planned territory).
   const PoolKind pool = pool_for(rounded);
   const bool persistent = pool == PoolKind::kLarge && use_ranges() && steps_ &&
-                          territory_of_locked(stream);
+                          territory_.of(stream);
   const SegmentClass cls = expandable_class(pool, persistent);
   CacheBin* bin = bins::take_bin(cache_, cache_bin_home(rounded, stream), kCacheProbes,
                                  [&](const CacheBin& x) {
@@ -1628,34 +1623,9 @@ void Arena::release_blocks_locked(const std::vector<Block*>& blocks) {
 void Arena::boundary_locked() {
   if (capturing_) return;
   stats_.events_recorded += static_cast<std::int64_t>(pending_.seal_all());
-  adopt_territory_pending_locked();
+  territory_.adopt_pending();
   release_blocks_locked(pending_.release_completed(stats_.event_queries));
-  for (auto it = epoch_.begin(); it != epoch_.end();) {
-    ++stats_.event_queries;
-    if (device_->query_event(it->event)) {
-      events_.put(it->event);
-      it = epoch_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Arena::adopt_territory_pending_locked() {
-  // Pending blocks inside planned territory: release them into it now; the
-  // next placement there makes its stream wait for the epoch event. Blocks
-  // of either region qualify: a dynamic block the territory grew over (one
-  // still pending when its step was planned) is no obstacle of the plan.
-  if (territory_.empty() || capturing_) return;
-  auto inside = [this](const Block* b) {
-    return is_territory_locked(b->segment) && b->segment->in_territory(b);
-  };
-  for (PoolSide region : {PoolSide::kPlanned, PoolSide::kDynamic}) {
-    std::vector<std::pair<StreamId, EventId>> events;
-    auto blocks = pending_.release_region(region, inside, events);
-    for (auto& [stream, event] : events) epoch_.push_back(EpochEvent{stream, event, {}});
-    release_blocks_locked(blocks);
-  }
+  territory_.poll_epoch();
 }
 
 bool Arena::reclaim_pending_locked(StreamId stream) {
@@ -1676,207 +1646,13 @@ void Arena::synchronize_pending_locked() {
   release_blocks_locked(pending_.synchronize_all());
 }
 
-void Arena::wait_epoch_locked(StreamId stream) {
-  for (EpochEvent& e : epoch_) {
-    if (std::find(e.waited.begin(), e.waited.end(), stream) != e.waited.end()) continue;
-    device_->stream_wait_event(stream, e.event);
-    e.waited.push_back(stream);
-  }
-}
-
-bool Arena::settle_epoch_locked() {
-  if (epoch_.empty()) return true;
-  if (capturing_) return false;
-  synchronize_epoch_locked();
-  return true;
-}
-
-void Arena::synchronize_epoch_locked() {
-  if (capturing_) return;
-  if (epoch_.empty()) return;
-  ++stats_.num_sync_all_streams;
-  for (EpochEvent& e : epoch_) {
-    device_->synchronize_event(e.event);
-    events_.put(e.event);
-  }
-  epoch_.clear();
-}
-
 // ---------------------------------------------------------------------------
-// planned territory
+// planned territory: territory.{h,cpp}; the mechanisms it borrows
+// (TerritoryHost) are these.
 // ---------------------------------------------------------------------------
 
-namespace {
-// Re-tiles the free blocks of `seg` for a new planned-territory line `top`:
-// unindexes every free block under the old line, splits the one straddling
-// the new line, merges free runs within each territory, and re-indexes.
-template <typename Unindex, typename Index, typename Split, typename Merge>
-void retile(Segment* seg, std::size_t top, Unindex unindex, Index index, Split split,
-            Merge merge) {
-  for (Block* b = seg->head; b; b = b->next) {
-    if (b->state == BlockState::kFree) unindex(b);
-  }
-  seg->plan_top = top;
-  char* line = seg->base + top;
-  for (Block* b = seg->head; b; b = b->next) {
-    if (b->state == BlockState::kFree && b->ptr < line && line < b->ptr + b->size) {
-      split(b, static_cast<std::size_t>(line - b->ptr));
-    }
-  }
-  for (Block* b = seg->head; b; b = b->next) {
-    while (b->state == BlockState::kFree && b->next && b->next->state == BlockState::kFree &&
-           seg->in_territory(b) == seg->in_territory(b->next)) {
-      merge(b);
-    }
-  }
-  for (Block* b = seg->head; b; b = b->next) {
-    if (b->state == BlockState::kFree) index(b);
-  }
-}
-}  // namespace
-
-Segment* Arena::territory_of_locked(StreamId stream) const {
-  auto it = territory_.find(stream);
-  return it == territory_.end() ? nullptr : it->second;
-}
-
-bool Arena::is_territory_locked(const Segment* seg) const {
-  return seg && territory_of_locked(seg->stream) == seg;
-}
-
-bool Arena::promote_locked(Segment* seg, std::size_t top) {
-  if (Segment* other = territory_of_locked(seg->stream); other && other != seg) {
-    if (!demote_locked(other)) return false;
-  }
-  // The line may not cut a live or pending block: move it to that block's end.
-  for (Block* b = seg->head; b; b = b->next) {
-    char* line = seg->base + top;
-    if (b->state != BlockState::kFree && b->ptr < line && line < b->ptr + b->size) {
-      top = static_cast<std::size_t>(b->ptr + b->size - seg->base);
-    }
-  }
-  // Lowering the line hands territory memory to the dynamic pool, which does
-  // not wait on epoch events: settle them first (not possible in a capture).
-  if (top < seg->plan_top && !settle_epoch_locked()) {
-    demote_after_capture_ = true;
-    return false;
-  }
-  retile(
-      seg, top, [&](Block* b) { unindex_free_locked(b); }, [&](Block* b) { index_free_locked(b); },
-      [&](Block* b, std::size_t first) { split_locked(b, first); },
-      [&](Block* a) { absorb_next_locked(a); });
-  territory_[seg->stream] = seg;
-  outgrown_.erase(seg->stream);
-  adopt_territory_pending_locked();
-  return true;
-}
-
-bool Arena::demote_locked(Segment* seg) {
-  if (!seg || !is_territory_locked(seg)) return true;
-  if (!settle_epoch_locked()) {
-    // A capture is open: no event may be synchronized, so the territory
-    // stays (the dynamic pool cannot take it) until set_capturing(false).
-    demote_after_capture_ = true;
-    return false;
-  }
-  retile(
-      seg, 0, [&](Block* b) { unindex_free_locked(b); }, [&](Block* b) { index_free_locked(b); },
-      [&](Block* b, std::size_t first) { split_locked(b, first); },
-      [&](Block* a) { absorb_next_locked(a); });
-  territory_.erase(seg->stream);
-  if (!seg->expandable) outgrown_[seg->stream] = seg;  // the next layout's first candidate
-  if (seg->retire && seg->live == 0) release_segment_locked(seg);
-  return true;
-}
-
-bool Arena::demote_locked() {
-  std::vector<Segment*> all;
-  for (auto& [stream, seg] : territory_) all.push_back(seg);
-  bool done = true;
-  for (Segment* seg : all) done = demote_locked(seg) && done;
-  return done;
-}
-
-Segment* Arena::territory_candidate_locked(StreamId stream) {
-  return use_ranges() ? expandable_segment_locked(stream, PoolKind::kLarge)
-                      : territory_of_locked(stream);
-}
-
-Segment* Arena::territory_segment_locked(StreamId stream, std::size_t top) {
-  if (use_ranges()) {
-    if (Segment* seg = territory_candidate_locked(stream); seg && top <= seg->capacity) {
-      // Map what the line needs above the mapped size (retile moves free
-      // blocks across the line either way).
-      if (seg->size < top &&
-          !map_tail_locked(seg, round_up(top - seg->size, device_->range_granularity()))) {
-        return nullptr;
-      }
-      if (!map_territory_locked(seg, top)) return nullptr;
-      return promote_locked(seg, top) ? seg : nullptr;
-    }
-  }
-  // Fixed segments: a dedicated segment holds the territory. The one a
-  // step outgrew (demoted mid-step, its memory in the dynamic pool since)
-  // is the first candidate: a new layout takes it back when it is large
-  // enough and nothing allocated outside a step (held for good) lies under
-  // the new line, instead of holding a second segment beside it. What a
-  // step left live there is mostly its live-outs (gradients), which die
-  // early in the next step; a placement that meets one falls back (the
-  // overlap check), and one that stays makes conflicts that re-plan around
-  // it as an obstacle.
-  Segment* old = territory_of_locked(stream);
-  if (!old) {
-    if (auto it = outgrown_.find(stream); it != outgrown_.end()) old = it->second;
-  }
-  auto free_enough = [](const Segment* seg, std::size_t line) {
-    for (const Block* b = seg->head; b && b->ptr < seg->base + line; b = b->next) {
-      if (b->state != BlockState::kFree && b->step == 0) return false;
-    }
-    return true;
-  };
-  if (old && !old->expandable && old->size >= top &&
-      (is_territory_locked(old) || free_enough(old, top))) {
-    return promote_locked(old, top) ? old : nullptr;
-  }
-  // Sized to the layout (in round_large steps), not to a large segment's
-  // minimum: a 3 MiB plan holding 10 MiB was most of item 5's excess. A
-  // layout that outgrew its segment gets 1.5x the old size when that is
-  // more, so that lengths growing step by step re-make it a few times, not
-  // every other step.
-  std::size_t bytes = top;
-  if (old) {
-    bytes = std::max(bytes, old->size + old->size / 2);
-    if (!demote_locked(old)) return nullptr;
-    outgrown_.erase(stream);
-    old->retire = true;  // released once wholly free (now, or when its last block goes)
-    if (old->live == 0) release_segment_locked(old);
-  }
-  Segment* seg = new_segment_locked(PoolKind::kLarge, stream, bytes, /*exact=*/true);
-  if (!seg && bytes > top) seg = new_segment_locked(PoolKind::kLarge, stream, top, /*exact=*/true);
-  if (seg && !promote_locked(seg, top)) return nullptr;
-  return seg;
-}
-
-Block* Arena::place_locked(Segment* seg, std::size_t offset, std::size_t rounded,
-                           std::size_t requested, StreamId stream) {
-  if (offset > seg->plan_top || rounded > seg->plan_top - offset) return nullptr;
-  char* p = seg->base + offset;
-  auto it = seg->plan_free.upper_bound(p);
-  if (it == seg->plan_free.begin()) return nullptr;
-  --it;
-  Block* f = it->second;
-  if (f->ptr + f->size < p + rounded) return nullptr;  // something live overlaps
-  wait_epoch_locked(stream);
-  unindex_free_locked(f);
-  if (f->ptr < p) {
-    Block* t = split_locked(f, static_cast<std::size_t>(p - f->ptr));
-    index_free_locked(f);
-    f = t;
-  }
-  if (f->size > rounded) index_free_locked(split_locked(f, rounded));
-  f->planned = true;
-  mark_allocated_locked(f, requested, stream);
-  return f;
+Segment* Arena::new_fixed_segment(StreamId stream, std::size_t bytes) {
+  return new_segment_locked(PoolKind::kLarge, stream, bytes, /*exact=*/true);
 }
 
 // ---------------------------------------------------------------------------

@@ -40,12 +40,12 @@
 // than large_segment is not split for a request of less than half of it
 // (PyTorch's max_split_size_mb, applied automatically; issue 11 item 2).
 //
-// Fixed segments and planned steps (issue 11 item 5): the territory is a
-// segment of its own, sized to the layout in round_large steps (1.5x the
-// old one when a layout outgrew it). A step that outgrows its layout hands
-// it to the dynamic pool; the next layout takes that segment back when it
-// is large enough and holds nothing allocated outside a step under the new
-// line; otherwise it is retired (given back once wholly free).
+// Planned territory (territory.h): the Territory member owns each
+// stream's territory and its epoch events; the arena lends it its block and
+// segment mechanisms (TerritoryHost, implemented privately below) and asks
+// it whether a segment is territory. The step planner (step_planner.h)
+// reaches the arena only through a Territory& and a StepArenaView; no core
+// class is a friend of the Arena. Everything runs under mu_.
 //
 // Out of memory: one ladder per failed request, in allocate() (PyTorch's
 // malloc): the cheap attempt (try_allocate: free lists, completed stream
@@ -123,6 +123,7 @@
 #include "core/planner.h"
 #include "core/stats.h"
 #include "core/stream_events.h"
+#include "core/territory.h"
 
 namespace renaissance {
 
@@ -220,7 +221,7 @@ struct OomHooks {
 // segment of recorded optimizer steps. Keys expandable_ and the free cache.
 enum class SegmentClass : std::uint8_t { kSmall, kLarge, kPersistent };
 
-class Arena {
+class Arena : private TerritoryHost {
  public:
   // `group`: the stats group of the device's arenas (see StatsGroup), or
   // null for an arena whose stats are its own.
@@ -336,7 +337,6 @@ class Arena {
   std::size_t rounding() const { return unit_; }
 
  private:
-  friend class StepPlanner;
   class Op;
   // Runs a plan that end_step() prepared under the lock, without the lock,
   // and installs it under the lock.
@@ -395,7 +395,6 @@ class Arena {
   Segment* expandable_segment_locked(StreamId stream, PoolKind pool, bool persistent = false);
   FreeSet& free_set(PoolKind pool, bool persistent);
   const FreeSet& free_set(const Segment* seg) const;
-  bool use_ranges() const { return config_.expandable_segments && ranges_ok_; }
   bool map_tail_locked(Segment* seg, std::size_t bytes);
   // Reserved bytes that max_reserved_bytes limits: the whole device's (every
   // arena of the stats group, as PyTorch's memory fraction counts) or this
@@ -501,38 +500,27 @@ class Arena {
   bool reclaim_pending_locked(StreamId stream);  // for an allocation that found nothing
   void synchronize_pending_locked();
   void release_blocks_locked(const std::vector<Block*>& blocks);
-  void wait_epoch_locked(StreamId stream);
-  void synchronize_epoch_locked();
-  // Host-synchronizes the epoch events so that territory memory may leave
-  // the territory; false (nothing done) during a capture, when no event may
-  // be synchronized: the territory must then stay as it is.
-  bool settle_epoch_locked();
-  // Releases the sealed pending groups (either region) whose blocks all lie
-  // in planned territory into it; their events become epoch events.
-  void adopt_territory_pending_locked();
 
-  // --- planned territory (used by StepPlanner) ----------------------------
-  // Territory is per stream: the layouts of the steps whose compute stream
-  // is S replay in S's territory only, a range of a segment of S, so memory
-  // never moves between streams through a plan (that would need an event
-  // per reuse; issue 18).
-  // The segment a plan for `stream` goes into (its obstacles are that
-  // segment's live blocks); territory_segment_locked makes it the territory
-  // of `stream`, exactly `top` bytes (lowering it when it was larger).
-  Segment* territory_candidate_locked(StreamId stream);
-  Segment* territory_segment_locked(StreamId stream, std::size_t top);
-  Segment* territory_of_locked(StreamId stream) const;  // nullptr: none
-  bool is_territory_locked(const Segment* seg) const;
-  // Moves seg's territory line to `top`; false (unchanged) where lowering it
-  // would need an event synchronization during a capture.
-  bool promote_locked(Segment* seg, std::size_t top);
-  // Hands territory back to the dynamic pool (one stream's, or every one).
-  // During a capture it is postponed to the capture's end (the epoch events
-  // cannot be waited on then); returns false when postponed.
-  bool demote_locked(Segment* seg);
-  bool demote_locked();
-  Block* place_locked(Segment* seg, std::size_t offset, std::size_t rounded,
-                      std::size_t requested, StreamId stream);
+  // --- planned territory (territory.h) -----------------------------------
+  // The arena's mechanisms the Territory borrows (TerritoryHost), with the
+  // arena's lock held.
+  void unindex_free(Block* b) override { unindex_free_locked(b); }
+  void index_free(Block* b) override { index_free_locked(b); }
+  Block* split(Block* b, std::size_t first) override { return split_locked(b, first); }
+  void absorb_next(Block* a) override { absorb_next_locked(a); }
+  void mark_allocated(Block* b, std::size_t requested, StreamId stream) override {
+    mark_allocated_locked(b, requested, stream);
+  }
+  void release_blocks(const std::vector<Block*>& blocks) override { release_blocks_locked(blocks); }
+  bool use_ranges() const override { return config_.expandable_segments && ranges_ok_; }
+  Segment* expandable_large(StreamId stream) override {
+    return expandable_segment_locked(stream, PoolKind::kLarge);
+  }
+  Segment* new_fixed_segment(StreamId stream, std::size_t bytes) override;
+  void release_segment(Segment* seg) override { release_segment_locked(seg); }
+  bool map_tail(Segment* seg, std::size_t bytes) override { return map_tail_locked(seg, bytes); }
+  bool map_territory(Segment* seg, std::size_t top) override { return map_territory_locked(seg, top); }
+  bool capturing() const override { return capturing_; }
 
   // --- blocks storage ------------------------------------------------------
   Block* new_block();
@@ -566,18 +554,8 @@ class Arena {
   DeviceStats published_;  // what group_ has of stats_ (current values)
   EventPool events_;
   PendingGroups pending_;
-  struct EpochEvent {
-    StreamId stream;
-    EventId event;
-    std::vector<StreamId> waited;  // streams already made to wait on it
-  };
-  std::vector<EpochEvent> epoch_;
-  std::map<StreamId, Segment*> territory_;  // per stream: the segment holding its territory
-  // Fixed segments: per stream, the territory segment a step outgrew (now
-  // dynamic pool), which the next layout takes back when it can.
-  std::map<StreamId, Segment*> outgrown_;
+  Territory territory_;  // owns the planned territory and its epoch events
   bool capturing_ = false;        // see set_capturing()
-  bool demote_after_capture_ = false;  // a demotion was postponed by a capture
 
   std::unique_ptr<StepPlanner> steps_;
 

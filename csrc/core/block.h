@@ -51,8 +51,14 @@ struct Block {
   StreamId stream = 0;        // allocating stream
   std::vector<StreamId> uses;  // other streams that used it (record_stream)
   int pending_on = 0;         // stream-use groups it still waits for
-  std::uint64_t step = 0;     // step in which it was allocated (0: none)
-  std::int64_t seq = -1;      // its index in that step's trace
+  // The step planner's per-block record (step_planner.h), opaque to the
+  // arena: the step in which it was allocated (0: none) and its index in
+  // that step's trace. Kept here, not in a side table, because the arena's
+  // slow paths ask `step == 0` (not part of a recorded step) for every
+  // block they hand to a front or take back, and the planner's free hook
+  // runs on every slow free; the arena only resets it when a block is freed.
+  std::uint64_t step = 0;
+  std::int64_t seq = -1;
   // The per-thread front holding it (free_cache.h), or null. Written with
   // the arena's lock and the front's held; front_live and front_req with the
   // front's: handed out (live) or cached, and its caller's size while live.
@@ -83,7 +89,8 @@ struct Segment {
   Block* tail = nullptr;
   std::size_t live = 0;      // allocated + pending + cached blocks in it
   // Planned territory: [base, base + plan_top). Its free blocks are indexed
-  // by address in plan_free instead of the best-fit set.
+  // by address in plan_free instead of the best-fit set. The line is moved
+  // only by Territory (territory.h); the arena's free index keeps plan_free.
   std::size_t plan_top = 0;
   std::map<char*, Block*> plan_free;
   // Every stream a block in it was allocated on: the streams whose work may

@@ -61,7 +61,7 @@ bool StepPlanner::plans_calling_thread() const {
 
 Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
   // During a CUDA-graph capture no event may be waited on: no replay then.
-  if (!open_ || !replaying_ || !active_ || arena_.capturing_) return nullptr;
+  if (!open_ || !replaying_ || !active_ || view_.capturing) return nullptr;
   // Another thread's work during the step: the dynamic pool, unrecorded.
   if (!counts_thread(thread_tag())) return nullptr;
   const std::size_t i = cur_->entries.size();
@@ -81,7 +81,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
       // Only the size grew (a longer sequence, a larger batch): try the
       // planned offset with the larger size. The arena's overlap check keeps
       // it safe; if something live is in the way, the dynamic pool serves it.
-      const Slot& s = active_->slots[i];
+      const PlannedBuffer& s = active_->slots[i];
       if (s.dynamic) return nullptr;
       if (Block* b = place_slot(s, requested, rounded, stream)) return b;
       // It does not fit where planned: stop replaying this step and let the
@@ -90,10 +90,10 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
     // The sequence left every layout: serve the rest of the step dynamically,
     // with the territory handed back so that nothing is held twice.
     replaying_ = false;
-    arena_.demote_locked(arena_.territory_of_locked(active_->stream));
+    territory_.demote(territory_.of(active_->stream));
     return nullptr;
   }
-  const Slot& s = active_->slots[i];
+  const PlannedBuffer& s = active_->slots[i];
   if (s.dynamic) {
     ++stats_.planned_hits;
     ++cur_hits_;
@@ -110,12 +110,12 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   return b;
 }
 
-Block* StepPlanner::place_slot(const Slot& s, std::size_t requested, std::size_t rounded,
+Block* StepPlanner::place_slot(const PlannedBuffer& s, std::size_t requested, std::size_t rounded,
                                StreamId stream) {
   // The slot's stream is the layout's, so this is that stream's territory:
   // memory of another stream is never handed out through a plan.
-  Segment* seg = arena_.territory_of_locked(s.stream);
-  return seg ? arena_.place_locked(seg, s.offset[phase_], rounded, requested, stream) : nullptr;
+  Segment* seg = territory_.of(s.stream);
+  return seg ? territory_.place(seg, s.offset[phase_], rounded, requested, stream) : nullptr;
 }
 
 void StepPlanner::on_allocated(Block* b) {
@@ -185,9 +185,9 @@ bool StepPlanner::activate_territory() {
     if (l->stream == stream) top = std::max(top, l->top);
   }
   if (top == 0) return false;
-  Segment* seg = arena_.territory_of_locked(stream);
+  Segment* seg = territory_.of(stream);
   if (seg && seg->plan_top >= top) return true;
-  return arena_.territory_segment_locked(stream, top) != nullptr;
+  return territory_.fit(stream, top) != nullptr;
 }
 
 void StepPlanner::fit_territory(StreamId stream) {
@@ -195,11 +195,11 @@ void StepPlanner::fit_territory(StreamId stream) {
   for (const auto& l : layouts_) {
     if (l->stream == stream) top = std::max(top, l->top);
   }
-  Segment* seg = arena_.territory_of_locked(stream);
+  Segment* seg = territory_.of(stream);
   if (top == 0) {
-    arena_.demote_locked(seg);
+    territory_.demote(seg);
   } else if (!seg || seg->plan_top != top) {
-    arena_.territory_segment_locked(stream, top);
+    territory_.fit(stream, top);
   }
 }
 
@@ -244,7 +244,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
 
 void StepPlanner::release_territory() {
   if (open_) replaying_ = false;
-  arena_.demote_locked();
+  territory_.demote_all();
 }
 
 std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
@@ -292,7 +292,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     const bool clean = cur_->phase >= 0 && !missed_ && step_conflicts_ == 0;
     if (clean) --settle_steps_;
     if (++settle_releases_ >= kSettleReleases) settle_steps_ = 0;
-    arena_.release_cached_locked();
+    view_.release_cached();
   }
   auto& slot = last_by_key_[key_];
   if (slot) {
@@ -357,7 +357,7 @@ bool StepPlanner::drop_irregular_threads() {
   }
   cur.entries = std::move(entries);
   cur.threads = std::move(threads);
-  for (const auto& [ptr, b] : arena_.live_) {
+  for (const auto& [ptr, b] : view_.live) {
     if (b->step != step_ || b->seq < 0 || static_cast<std::size_t>(b->seq) >= renum.size()) continue;
     b->seq = renum[static_cast<std::size_t>(b->seq)];
     if (b->seq < 0) b->step = 0;
@@ -367,7 +367,7 @@ bool StepPlanner::drop_irregular_threads() {
 
 bool StepPlanner::obstacles_gone(const Layout& l) const {
   if (l.lasting == 0 || l.lasting * 8 < l.top) return false;
-  const Segment* seg = arena_.territory_of_locked(l.stream);
+  const Segment* seg = territory_.of(l.stream);
   if (!seg) return false;
   std::size_t now = 0;
   for (const Block* b = seg->head; b && b->ptr < seg->base + l.top; b = b->next) {
@@ -423,7 +423,7 @@ void StepPlanner::remember_variant(Layout* layout, std::vector<std::size_t> size
   } else {
     variants_.push_back(Variant{layout, std::move(sizes), ++use_clock_});
   }
-  while (variants_.size() > std::max<std::size_t>(1, arena_.config_.max_variants)) {
+  while (variants_.size() > std::max<std::size_t>(1, view_.config.max_variants)) {
     forget_least_recent_variant();
   }
 }
@@ -539,14 +539,14 @@ void align_phases(const planner::Problem& problem, std::size_t n, const std::vec
 
 }  // namespace
 
-std::int64_t StepPlanner::merge_into(std::vector<Slot>& slots, std::int64_t T, const Layout& l) {
+std::int64_t StepPlanner::merge_into(std::vector<PlannedBuffer>& slots, std::int64_t T, const Layout& l) {
   // Put both on one time axis of length P; a wrapped upper keeps its
   // distance from the step's end.
   const std::int64_t P = std::max(l.horizon, T);
   auto norm = [P](std::int64_t upper, std::int64_t h) { return upper > h ? upper - h + P : upper; };
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    Slot& s = slots[i];
-    const Slot& o = l.slots[i];
+    PlannedBuffer& s = slots[i];
+    const PlannedBuffer& o = l.slots[i];
     s.size = std::max(s.size, o.size);
     s.dynamic = s.dynamic || o.dynamic;
     if (s.dynamic) continue;
@@ -556,18 +556,18 @@ std::int64_t StepPlanner::merge_into(std::vector<Slot>& slots, std::int64_t T, c
   return P;
 }
 
-std::size_t StepPlanner::load_of(const std::vector<Slot>& slots, std::int64_t horizon) {
+std::size_t StepPlanner::load_of(const std::vector<PlannedBuffer>& slots, std::int64_t horizon) {
   // LOAD of the planned slots on a step of `horizon` ticks: over two steps
   // where a lifetime is longer than one (the peak per step is the same).
   planner::Problem p;
   bool wraps = false, twice = false;
-  for (const Slot& s : slots) {
+  for (const PlannedBuffer& s : slots) {
     if (s.dynamic || s.upper - s.lower > 2 * horizon) continue;
     wraps = wraps || s.upper > horizon;
     twice = twice || s.upper - s.lower > horizon;
   }
   p.period = twice ? 2 * horizon : wraps ? horizon : 0;
-  for (const Slot& s : slots) {
+  for (const PlannedBuffer& s : slots) {
     if (s.dynamic || s.upper - s.lower > 2 * horizon) continue;
     p.buffers.push_back(planner::Buffer{s.size, s.lower, s.upper});
     if (twice) p.buffers.push_back(planner::Buffer{s.size, s.lower + horizon, s.upper + horizon});
@@ -575,24 +575,18 @@ std::size_t StepPlanner::load_of(const std::vector<Slot>& slots, std::int64_t ho
   return p.buffers.empty() ? 0 : planner::load(p);
 }
 
-std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes) {
+std::vector<StepPlanner::PlannedBuffer> StepPlanner::derive_lifetimes(StreamId stream,
+                                                                      std::int64_t T) const {
   const StepTrace& cur = *cur_;
-  const std::int64_t T = std::max<std::int64_t>(cur.end_time, 1);
-
   // Free times, in this step, of the previous step's live-outs.
   std::vector<std::pair<std::int64_t, std::int64_t>> died(cur.livein_frees);
   std::sort(died.begin(), died.end());
 
-  // The planned territory belongs to the stream of the step's first
-  // allocation (the compute stream). Allocations on other streams stay in
-  // their streams' own pools: reusing one stream's memory on another needs
-  // an event, which the dynamic pool's per-stream segments already avoid.
-  const StreamId stream = cur.entries.empty() ? 0 : cur.entries.front().stream;
-  std::vector<Slot> slots(cur.entries.size());
+  std::vector<PlannedBuffer> slots(cur.entries.size());
   std::size_t next = 0;  // cursor into `died` (ordered by the previous step's seq)
   for (std::size_t i = 0; i < cur.entries.size(); ++i) {
     const TraceRecord& e = cur.entries[i];
-    Slot& s = slots[i];
+    PlannedBuffer& s = slots[i];
     s.size = e.size;
     s.stream = e.stream;
     s.lower = e.alloc_time;
@@ -624,6 +618,12 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
     if (!e.streams_used.empty()) s.upper = std::max(s.upper, T);
   }
 
+  return slots;
+}
+
+StepPlanner::Layout* StepPlanner::merge_with_layout(std::vector<PlannedBuffer>& slots,
+                                                    std::int64_t T, std::int64_t& horizon,
+                                                    std::size_t& variant_load) const {
   // Same structure as a kept layout: merge (max sizes, union of lifetimes)
   // into the one whose merged LOAD is lowest, unless even that is well above
   // the LOAD of every step it would hold (sizes that do not fit its slots,
@@ -631,12 +631,12 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   // its own, and the territory holds the larger of the two, not their max.
   const std::size_t own_load = load_of(slots, T);
   Layout* target = nullptr;
-  std::vector<Slot> best;
-  std::int64_t horizon = T;  // the step's length on the merged time axis
+  std::vector<PlannedBuffer> best;
+  horizon = T;  // the step's length on the merged time axis
   std::size_t best_load = 0;
   for (auto& l : layouts_) {
     if (!same_structure(*l)) continue;
-    std::vector<Slot> m = slots;
+    std::vector<PlannedBuffer> m = slots;
     const std::int64_t P = merge_into(m, T, *l);
     const std::size_t ld = load_of(m, P);
     if (!target || ld < best_load) {
@@ -652,51 +652,26 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
     horizon = T;
   }
   if (target) slots = std::move(best);
-  const std::size_t variant_load = target ? std::max(own_load, target->load) : own_load;
-  // A lifetime longer than the step overlaps its own next instance: such a
-  // layout alternates between two phases (planned over two steps). One
-  // longer than two steps would overlap itself even so: the dynamic pool.
-  int phases = 1;
-  bool wraps = false;
-  for (Slot& s : slots) {
-    if (s.dynamic) continue;
-    if (s.upper - s.lower > 2 * horizon) s.dynamic = true;
-    else if (s.upper - s.lower > horizon) phases = 2;
-  }
-  for (const Slot& s : slots) wraps = wraps || (!s.dynamic && s.upper > horizon);
-  const std::int64_t period = phases == 2 ? 2 * horizon : wraps ? horizon : 0;
+  variant_load = target ? std::max(own_load, target->load) : own_load;
+  return target;
+}
+
+bool StepPlanner::wraps_next_step(const Block* b, const std::vector<PlannedBuffer>& slots) const {
   // This step's live blocks that are planned slots (they die early in the
   // next step); every other live or pending block is in the way.
-  auto wraps_next_step = [&](const Block* b) {
-    return b->state == BlockState::kAllocated && b->step == step_ && b->seq >= 0 &&
-           static_cast<std::size_t>(b->seq) < slots.size() && !slots[b->seq].dynamic;
-  };
+  return b->state == BlockState::kAllocated && b->step == step_ && b->seq >= 0 &&
+         static_cast<std::size_t>(b->seq) < slots.size() && !slots[b->seq].dynamic;
+}
 
-  // The problem: planned slots, plus the live blocks of the target segment
-  // that are not this step's live-outs as obstacles. An alternating layout
-  // has every slot twice: phase 0's instance and phase 1's, one step later
-  // (buffers k and k + n of the problem).
-  planner::Problem problem;
-  problem.period = period;
-  std::vector<std::size_t> index;  // problem buffer -> slot (phase 0)
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i].dynamic) continue;
-    problem.buffers.push_back(planner::Buffer{slots[i].size, slots[i].lower, slots[i].upper});
-    index.push_back(i);
-  }
-  if (problem.buffers.empty()) return nullptr;
-  const std::size_t n_slots = index.size();
-  if (phases == 2) {
-    for (std::size_t k = 0; k < n_slots; ++k) {
-      const planner::Buffer b = problem.buffers[k];
-      problem.buffers.push_back(planner::Buffer{b.size, b.lower + horizon, b.upper + horizon});
-    }
-  }
-  const std::int64_t fixed_upper = period ? period : horizon;
-  const std::size_t step_load = planner::load(problem);  // before the obstacles join
-  Segment* seg = arena_.territory_candidate_locked(stream);
+std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slots,
+                                           const std::vector<std::size_t>& index,
+                                           std::int64_t horizon, std::int64_t fixed_upper,
+                                           StreamId stream, planner::Problem& problem,
+                                           std::vector<StepPinCandidate>& pins,
+                                           std::size_t& persistent) const {
+  auto wraps_next_step = [&](const Block* b) { return this->wraps_next_step(b, slots); };
+  Segment* seg = territory_.candidate(stream);
   std::size_t obstacle_bytes = 0;
-  std::vector<StepPlanJob::PinCandidate> pins;
   if (seg) {
     for (Block* b = seg->head; b; b = b->next) {
       if (wraps_next_step(b)) {
@@ -708,7 +683,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
         // buffer is planned in its way before it dies); one smaller than
         // its slot (sizes merged over variants) cannot be pinned and is an
         // obstacle until it dies.
-        const Slot& sl = slots[static_cast<std::size_t>(b->seq)];
+        const PlannedBuffer& sl = slots[static_cast<std::size_t>(b->seq)];
         const std::uint64_t at = static_cast<std::uint64_t>(b->ptr - seg->base);
         const std::int64_t until = sl.upper - horizon;
         if (until <= 0) continue;  // dies in its own step: no live-out
@@ -730,13 +705,82 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
       obstacle_bytes += b->size;
     }
   }
-  std::size_t persistent = 0;
-  for (const auto& [ptr, b] : arena_.live_) {
+  persistent = 0;
+  for (const auto& [ptr, b] : view_.live) {
     if (!wraps_next_step(b)) persistent += b->size;
   }
 
+  return obstacle_bytes;
+}
+
+// Marks lifetimes longer than two steps dynamic, makes the problem's
+// buffers (index: problem buffer -> slot, phase 0); returns the phases, or
+// 0 when nothing is planned.
+int StepPlanner::make_problem(std::vector<PlannedBuffer>& slots, std::int64_t horizon,
+                              planner::Problem& problem, std::vector<std::size_t>& index) {
+  // A lifetime longer than the step overlaps its own next instance: such a
+  // layout alternates between two phases (planned over two steps). One
+  // longer than two steps would overlap itself even so: the dynamic pool.
+  int phases = 1;
+  bool wraps = false;
+  for (PlannedBuffer& s : slots) {
+    if (s.dynamic) continue;
+    if (s.upper - s.lower > 2 * horizon) s.dynamic = true;
+    else if (s.upper - s.lower > horizon) phases = 2;
+  }
+  for (const PlannedBuffer& s : slots) wraps = wraps || (!s.dynamic && s.upper > horizon);
+  const std::int64_t period = phases == 2 ? 2 * horizon : wraps ? horizon : 0;
+  // The problem: planned slots, plus the live blocks of the target segment
+  // that are not this step's live-outs as obstacles. An alternating layout
+  // has every slot twice: phase 0's instance and phase 1's, one step later
+  // (buffers k and k + n of the problem).
+  problem.period = period;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].dynamic) continue;
+    problem.buffers.push_back(planner::Buffer{slots[i].size, slots[i].lower, slots[i].upper});
+    index.push_back(i);
+  }
+  if (problem.buffers.empty()) return 0;
+  const std::size_t n_slots = index.size();
+  if (phases == 2) {
+    for (std::size_t k = 0; k < n_slots; ++k) {
+      const planner::Buffer b = problem.buffers[k];
+      problem.buffers.push_back(planner::Buffer{b.size, b.lower + horizon, b.upper + horizon});
+    }
+  }
+  return phases;
+}
+
+std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes) {
+  // Derive the lifetimes, merge with a layout of the same structure, make
+  // the problem, collect the obstacles, store the job.
+  const StepTrace& cur = *cur_;
+  const std::int64_t T = std::max<std::int64_t>(cur.end_time, 1);
+
+  // The planned territory belongs to the stream of the step's first
+  // allocation (the compute stream). Allocations on other streams stay in
+  // their streams' own pools: reusing one stream's memory on another needs
+  // an event, which the dynamic pool's per-stream segments already avoid.
+  const StreamId stream = cur.entries.empty() ? 0 : cur.entries.front().stream;
+  std::vector<PlannedBuffer> slots = derive_lifetimes(stream, T);
+  std::int64_t horizon = T;
+  std::size_t variant_load = 0;
+  Layout* target = merge_with_layout(slots, T, horizon, variant_load);
+  planner::Problem problem;
+  std::vector<std::size_t> index;  // problem buffer -> slot (phase 0)
+  const int phases = make_problem(slots, horizon, problem, index);
+  if (phases == 0) return nullptr;
+  const std::size_t n_slots = index.size();
+  const std::int64_t period = problem.period;
+  const std::int64_t fixed_upper = period ? period : horizon;
+  const std::size_t step_load = planner::load(problem);  // before the obstacles join
+  std::vector<StepPlanJob::PinCandidate> pins;
+  std::size_t persistent = 0;
+  const std::size_t obstacle_bytes =
+      collect_obstacles(slots, index, horizon, fixed_upper, stream, problem, pins, persistent);
+
   auto job = std::make_unique<PlanJob>();
-  job->options.budget_seconds = arena_.config_.plan_budget_seconds;
+  job->options.budget_seconds = view_.config.plan_budget_seconds;
   job->pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
   job->problem = std::move(problem);
   job->slots = std::move(slots);
@@ -852,12 +896,12 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   layout->top = 0;
   const std::size_t n = job->n_slots;
   for (std::size_t k = 0; k < n; ++k) {
-    Slot& s = layout->slots[job->index[k]];
+    PlannedBuffer& s = layout->slots[job->index[k]];
     s.offset[0] = r.offsets[k];
     s.offset[1] = r.offsets[job->phases == 2 ? k + n : k];
     layout->top = std::max({layout->top, s.offset[0] + s.size, s.offset[1] + s.size});
   }
-  layout->top = round_up(layout->top, arena_.unit_);
+  layout->top = round_up(layout->top, view_.unit);
   layout->load = job->variant_load;
   layout->layout_load = job->step_load;
   layout->bound = r.lower_bound;
@@ -898,9 +942,8 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     // What recording left in the dynamic pool goes back first, so that a
     // territory outgrown in fixed segments (its step served dynamically) is
     // never held beside the new one (issue 11).
-    arena_.release_cached_locked();
-    std::vector<StreamId> streams;
-    for (const auto& [stream, seg] : arena_.territory_) streams.push_back(stream);
+    view_.release_cached();
+    std::vector<StreamId> streams = territory_.streams();
     for (const auto& l : layouts_) streams.push_back(l->stream);
     std::sort(streams.begin(), streams.end());
     streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
@@ -911,7 +954,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   // were clean; see end_step).
   settle_steps_ = 2;
   settle_releases_ = 0;
-  arena_.release_cached_locked();
+  view_.release_cached();
 }
 
 StepRecord StepPlanner::last_step() const {

@@ -50,6 +50,17 @@
 //     S's layouts after each plan, and blocks pending at plan time are no
 //     obstacles (they are released into the territory with an epoch event
 //     that the placements there wait on, or the slot falls back).
+//
+// Contract (StepPlanner, Territory, Arena): the arena owns one StepPlanner
+// and calls its hooks with its lock held (all but run()). The planner owns
+// traces, layouts, variants and the per-block fields Block::step and
+// Block::seq. It changes the territory only through its Territory&
+// (candidate, fit, demote, demote_all, place; territory.h) and sees the
+// rest of the arena through StepArenaView: the config, the rounding unit,
+// the live map and the capture flag, read-only, and release_cached(), its
+// one change to the dynamic pool. It never splits, indexes or frees a block
+// itself. StepPlanJob is the planner's own record of one plan (a friend to
+// name PlannedBuffer and Layout), read by run() without the arena's lock.
 #pragma once
 
 #include <cstdint>
@@ -57,16 +68,42 @@
 #include <memory>
 #include <vector>
 
+#include <functional>
+
 #include "core/arena.h"
 #include "core/planner.h"
+#include "core/territory.h"
 
 namespace renaissance {
+
+// What the planner sees of its arena besides the territory: read-only,
+// but for release_cached (gives back what the free lists cache: empty_cache
+// without the territory, PyTorch's release_cached_blocks) and the planner's
+// own per-block fields (Block::step, Block::seq) of the live blocks.
+struct StepArenaView {
+  const ArenaConfig& config;
+  std::size_t unit;      // rounding and alignment of block sizes (bytes)
+  const LiveMap& live;   // live allocations by address
+  const bool& capturing;  // a CUDA-graph capture is open (Arena::set_capturing)
+  std::function<std::size_t()> release_cached;  // returns the bytes given back
+};
+
+// A live-out of the recorded step that may stand in the way of the first
+// replay (alternating layouts): the phase-1 instance of planned slot `k`
+// is pinned at `at` when a buffer live in [0, until) of the cycle overlaps
+// [at, at + bytes). StepPlanJob::PinCandidate.
+struct StepPinCandidate {
+  std::size_t k = 0;
+  std::uint64_t at = 0, bytes = 0;
+  std::int64_t until = 0;
+};
 
 class StepPlanner {
   friend struct StepPlanJob;
 
  public:
-  explicit StepPlanner(Arena& arena) : arena_(arena) {}
+  StepPlanner(Territory& territory, StepArenaView view)
+      : territory_(territory), view_(std::move(view)) {}
 
   // Allocation hooks.
   Block* place(std::size_t requested, std::size_t rounded, StreamId stream);
@@ -112,7 +149,11 @@ class StepPlanner {
     std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
     std::uint64_t opener = 0;            // the thread that began the step
   };
-  struct Slot {
+  // One request position of a layout: its (max) size, lifetime in the
+  // step's ticks, stream and offset per phase (was StepPlanner::Slot; the
+  // static planner's MemoryPlan calls its placements slots). A layout's
+  // `slots` are indexed by the request's position in its step.
+  struct PlannedBuffer {
     std::size_t size = 0;
     std::int64_t lower = 0, upper = 0;
     StreamId stream = 0;
@@ -120,7 +161,7 @@ class StepPlanner {
     std::size_t offset[2] = {0, 0};  // per phase (equal in a one-phase layout)
   };
   struct Layout {
-    std::vector<Slot> slots;
+    std::vector<PlannedBuffer> slots;
     std::int64_t horizon = 0;  // the step's length in logical ticks
     StreamId stream = 0;
     std::size_t top = 0;       // end of the highest slot
@@ -157,10 +198,31 @@ class StepPlanner {
   // (lowering it when the old layouts were larger); none when it has none.
   void fit_territory(StreamId stream);
   std::unique_ptr<PlanJob> plan_step(std::vector<std::size_t> sizes);
+  // plan_step's parts, in order. The open step's buffers with their
+  // lifetimes (live-outs matched with the previous step's, see the top).
+  std::vector<PlannedBuffer> derive_lifetimes(StreamId stream, std::int64_t T) const;
+  // Merges `slots` into the kept layout of the same structure whose merged
+  // LOAD is lowest (within kMergeSlack); returns it (or nullptr: a layout of
+  // its own), with the merged horizon and the LOAD of the steps it holds.
+  Layout* merge_with_layout(std::vector<PlannedBuffer>& slots, std::int64_t T,
+                            std::int64_t& horizon, std::size_t& variant_load) const;
+  static int make_problem(std::vector<PlannedBuffer>& slots, std::int64_t horizon,
+                          planner::Problem& problem, std::vector<std::size_t>& index);
+  // A live block of the open step that is a planned slot (a live-out).
+  bool wraps_next_step(const Block* b, const std::vector<PlannedBuffer>& slots) const;
+  // Adds the territory candidate's live blocks to `problem` as obstacles
+  // (or, for this step's live-outs, as pin candidates); returns the
+  // obstacle bytes, with the bytes live outside the step in `persistent`.
+  std::size_t collect_obstacles(const std::vector<PlannedBuffer>& slots,
+                                const std::vector<std::size_t>& index, std::int64_t horizon,
+                                std::int64_t fixed_upper, StreamId stream,
+                                planner::Problem& problem,
+                                std::vector<StepPinCandidate>& pins,
+                                std::size_t& persistent) const;
   // Merges layout `l` into `slots` (a step of T ticks); returns the merged horizon.
-  static std::int64_t merge_into(std::vector<Slot>& slots, std::int64_t T, const Layout& l);
+  static std::int64_t merge_into(std::vector<PlannedBuffer>& slots, std::int64_t T, const Layout& l);
   // LOAD of the planned slots on a step of `horizon` ticks.
-  static std::size_t load_of(const std::vector<Slot>& slots, std::int64_t horizon);
+  static std::size_t load_of(const std::vector<PlannedBuffer>& slots, std::int64_t horizon);
   // A variant shares a layout while the merged LOAD is at most this much
   // above the LOAD of each step it holds.
   static constexpr double kMergeSlack = 1.05;
@@ -170,7 +232,7 @@ class StepPlanner {
   Variant* find_variant(const std::vector<std::size_t>& sizes);  // of the open step's key
   bool same_structure(const Layout& l) const;  // same key, count and streams as the open step
   Layout* covering_layout() const;  // a layout whose slots hold this step
-  Block* place_slot(const Slot& s, std::size_t requested, std::size_t rounded, StreamId stream);
+  Block* place_slot(const PlannedBuffer& s, std::size_t requested, std::size_t rounded, StreamId stream);
   // The address request i of the open step should repeat (false: none).
   bool reference_address(std::size_t i, std::uintptr_t& out) const;
   void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
@@ -193,7 +255,8 @@ class StepPlanner {
   // under the top), only for such layouts.
   bool obstacles_gone(const Layout& l) const;
 
-  Arena& arena_;
+  Territory& territory_;
+  const StepArenaView view_;
   bool open_ = false;
   bool replaying_ = false;
   std::uint64_t step_ = 0;
@@ -227,15 +290,7 @@ class StepPlanner {
 // by StepPlanner::end_step(), planned by run() without it, installed by
 // install() with it.
 struct StepPlanJob {
-  // A live-out of the recorded step that may stand in the way of the first
-  // replay (alternating layouts): the phase-1 instance of planned slot `k`
-  // is pinned at `at` when a buffer live in [0, until) of the cycle overlaps
-  // [at, at + bytes).
-  struct PinCandidate {
-    std::size_t k = 0;
-    std::uint64_t at = 0, bytes = 0;
-    std::int64_t until = 0;
-  };
+  using PinCandidate = StepPinCandidate;
   static constexpr std::uint64_t kNotPinned = ~std::uint64_t(0);
   // Above this many slots, the phases are not aligned (O(n^2) checks).
   static constexpr std::size_t kAlignMax = 8192;
@@ -243,7 +298,7 @@ struct StepPlanJob {
   planner::Problem problem;
   planner::Options options;
   planner::Result result;
-  std::vector<StepPlanner::Slot> slots;
+  std::vector<StepPlanner::PlannedBuffer> slots;
   std::vector<std::size_t> index;  // problem buffer -> slot
   std::vector<std::size_t> sizes;  // the variant's size sequence
   StepPlanner::Layout* target = nullptr;  // the layout it merges into (may be gone at install)
