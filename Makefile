@@ -44,9 +44,10 @@ demo: build
 # overflow cases): few iterations here and no timing checks; by hand,
 # `build/plan_test 400 --timings` runs the long version with timings.
 PLANNER_SOURCES := $(wildcard csrc/core/planner*.cpp csrc/core/planner*.h)
-build/plan_test: tests/cpp/plan_test.cpp $(PLANNER_SOURCES)
+PLAN_TESTS := $(wildcard tests/cpp/planner/*.cpp tests/cpp/planner/*.h)
+build/plan_test: $(PLAN_TESTS) $(PLANNER_SOURCES)
 	@mkdir -p build
-	$(CXX) -O2 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/plan_test.cpp \
+	$(CXX) -O2 -std=c++17 -Wall -Wextra -Werror -Icsrc $(filter %.cpp,$(PLAN_TESTS)) \
 	    $(filter %.cpp,$(PLANNER_SOURCES)) -o $@
 
 # An allocation's worst latency on another thread while a step is planned

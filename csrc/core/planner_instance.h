@@ -93,4 +93,9 @@ class Instance {
   std::int64_t length(std::uint32_t item) const;
 };
 
+// A byte range [off, end) of memory.
+struct Span {
+  std::uint64_t off, end;
+};
+
 }  // namespace renaissance::planner::detail
