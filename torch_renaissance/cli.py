@@ -189,7 +189,7 @@ def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
     mib = 2.0 ** 20
     ts = [t for t, _, _ in rec.samples]
     few = len(rec.samples) <= 200
@@ -199,8 +199,8 @@ def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = N
     for i, b in enumerate(rec.boundaries):
         ax.axvline(b, color="0.75", lw=0.6, zorder=0, label="step boundary" if i == 0 else None)
     numbered = 0 < len(rec.boundaries) <= 40
-    if numbered:  # step k runs from boundary k-1 (the start for step 0) to boundary k
-        for k, (a, b) in enumerate(zip([0.0] + rec.boundaries[:-1], rec.boundaries)):
+    if numbered:  # step k (from 1, as the report) runs from boundary k-1 (the start for step 1) to boundary k
+        for k, (a, b) in enumerate(zip([0.0] + rec.boundaries[:-1], rec.boundaries), start=1):
             ax.text((a + b) / 2, 1.0, str(k), transform=ax.get_xaxis_transform(), ha="center", va="bottom",
                     fontsize=7, color="0.35")
     if load:
@@ -223,7 +223,7 @@ def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = N
     ax.set_ylabel("MiB")
     ax.set_ylim(bottom=0)
     ax.set_title(title, pad=14 if numbered else 6)
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
