@@ -8,7 +8,7 @@ peak allocated for the whole run and for the steady state (after the first repla
 wall-time ratio of the whole processes (ours / PyTorch's, medians of the alternated runs; imports
 and model building included) and peak RSS of both.
 
-    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,cnn,mlp,gpt2-var,gpt2-compile,generate]
+    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,cnn,mlp,gpt2-var,gpt2-compile,generate,generate-keyed]
                                       [--steps 30] [--repeats 1]
 
 Needs ``transformers`` (models are built from configs with random init; nothing is downloaded).
@@ -37,6 +37,8 @@ ROWS = {
     "gpt2-var": ["--arch", "gpt2", "--seq-range", "32", "256"],
     "gpt2-compile": ["--arch", "gpt2", "--compile"],
     "generate": ["--arch", "gpt2", "--generate", "16,64,128", "--new-tokens", "32", "--rounds", "4"],
+    "generate-keyed": ["--arch", "gpt2", "--generate", "16,64,128", "--new-tokens", "32", "--rounds", "4",
+                       "--keyed"],
 }
 
 
@@ -96,7 +98,7 @@ def main() -> int:
     rows = []
     fmt = lambda v, f="{:.3f}": "n/a" if v is None else f.format(v)
     print(f"{'row':<14} {'losses':<10} {'hit rate':>8} {'stab':>6} {'res/alloc':>9} {'steady':>7} "
-          f"{'variants':>8} {'wall ours/pt':>12} {'RSS ours':>9} {'RSS pt':>8}")
+          f"{'variants':>8} {'confl':>5} {'wall ours/pt':>12} {'RSS ours':>9} {'RSS pt':>8}")
     for name in a.rows.split(","):
         r = run_row(name, a.steps, a.repeats)
         rows.append(r)
@@ -106,7 +108,7 @@ def main() -> int:
               f"{fmt(None if hit is None else 100 * hit, '{:.1f}%'):>8} "
               f"{fmt(None if rep['address_stability'] is None else 100 * rep['address_stability'], '{:.1f}%'):>6} "
               f"{fmt(rep['peak_reserved_over_peak_allocated']):>9} "
-              f"{fmt(rep['steady_peak_reserved_over_peak_allocated']):>7} {rep['variants']:>8} "
+              f"{fmt(rep['steady_peak_reserved_over_peak_allocated']):>7} {rep['variants']:>8} {rep['plan_conflicts']:>5} "
               f"{r['wall_ratio']:>12.3f} {r['rss_ours'] / 2**20:>8.0f}M {r['rss_base'] / 2**20:>7.0f}M", flush=True)
     if a.json:
         with open(a.json, "w") as f:

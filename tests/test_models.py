@@ -47,27 +47,24 @@ def _baseline(args, tmp_path):
     return json.loads((tmp_path / "a.json").read_text())
 
 
-def _run(tmp_path, *args):
+def _run(tmp_path, *args, conf=None):
     args = (*args, "--threads", "1")
     ours = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(tmp_path / "r.json"),
                            str(SCRIPT), *args, "--losses", str(tmp_path / "b.json")],
-                          capture_output=True, text=True, env=clean_env(), timeout=900)
+                          capture_output=True, text=True, timeout=900,
+                          env=clean_env({"TORCH_RENAISSANCE_CONF": conf} if conf else None))
     assert ours.returncode == 0, ours.stderr[-3000:]
     b = json.loads((tmp_path / "b.json").read_text())
     assert b == _baseline(args, tmp_path), "losses must be bit-identical to PyTorch's allocator"
     return json.loads((tmp_path / "r.json").read_text()), ours.stderr
 
 
-def _check_planned(rep, steady_max, conflicts_max=0):
+def _check_planned(rep, steady_max):
     # Every request of the replayed steps is served by the plan (no miss, no
     # conflict: the recorded live-outs in the first replay's way are pinned),
     # nothing is left in the dynamic pool next to the territory, and LOAD
     # stays a lower bound (never above what was live).
-    assert rep["plan_misses"] == 0 and rep["plan_conflicts"] <= conflicts_max, rep
-    if conflicts_max == 0:
-        assert rep["plan_hit_rate"] == 1.0, rep
-    else:  # a conflict is served elsewhere, safely; it is not a hit
-        assert rep["plan_hit_rate"] >= 0.999, rep
+    assert rep["plan_misses"] == 0 and rep["plan_conflicts"] == 0 and rep["plan_hit_rate"] == 1.0, rep
     assert rep["steady_reason"] is None, rep
     assert rep["load_bytes"] <= rep["peak_allocated_bytes"], rep
     assert rep["steady_peak_reserved_over_peak_allocated"] <= steady_max, rep
@@ -98,13 +95,25 @@ def test_cnn_is_planned(tmp_path):
     _check_planned(rep, 1.02)
 
 
+MLP_ARGS = ("--arch", "mlp", "--size", "tiny", "--steps", "6", "--batch", "8", "--seq", "32")
+
+
 def test_many_small_tensors_are_planned(tmp_path):
     # Every tensor under 1 MiB (PyTorch's small pool): 24 residual MLP blocks.
-    rep, _ = _run(tmp_path, "--arch", "mlp", "--size", "tiny", "--steps", "6", "--batch", "8", "--seq", "32")
-    # One conflict in one of several CI runs (losses still bit-identical):
-    # an open defect, its cause not found yet. A conflict is detected and served elsewhere, so it is
-    # safe; more than one would be a regression.
-    _check_planned(rep, 1.02, conflicts_max=1)
+    rep, _ = _run(tmp_path, *MLP_ARGS)
+    _check_planned(rep, 1.02)
+
+
+def test_many_small_tensors_stopped_planner_does_not_conflict(tmp_path):
+    # A plan the search left early (as a loaded machine's clock stops it;
+    # budget 0 gives such a plan on any machine): aligning the two phases
+    # moved a slot of the first replay onto a recorded live-out that pinning
+    # had left where it stood (1 conflict in every run before the fix; once in
+    # a loaded CI with the default budget). Steady is not asserted: a stopped
+    # search's plan is worse (1.02-1.13 x here, the static planner's matter).
+    rep, _ = _run(tmp_path, *MLP_ARGS, conf="plan_budget_ms:0")
+    assert rep["plan_conflicts"] == 0 and rep["plan_misses"] == 0 and rep["plan_hit_rate"] == 1.0, rep
+    assert rep["planned_steps"] == 5, rep
 
 
 def test_run_without_boundaries_says_so(tmp_path):

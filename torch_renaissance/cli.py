@@ -112,11 +112,22 @@ class _Recorder:
 
         self.devices = devices
         self.earlier: dict = {}
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter()  # reset by start(), when the program starts
         self.samples: List[tuple] = []   # (seconds, allocated bytes, reserved bytes)
         self.boundaries: List[float] = []
         self.replayed_at: Optional[float] = None
         self.where: dict = {}  # device -> (reserved, allocated, where_reserved()) at the last boundary
+
+    def start(self) -> None:
+        """Marks the program's start: times and samples count from here."""
+        import time
+
+        self.t0 = time.perf_counter()
+
+    def step_times(self) -> List[float]:
+        """Seconds from the start to the first boundary, then between boundaries
+        (every boundary: optimizer steps, ``step()``, ``--step-on`` calls)."""
+        return [b - a for a, b in zip([0.0] + self.boundaries[:-1], self.boundaries)]
 
     def boundary(self) -> None:
         import time
@@ -160,30 +171,63 @@ def _sampler(rec: _Recorder, stop, period: float) -> None:
         rec.sample()
 
 
-def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = None) -> None:
-    """Draws allocated and reserved bytes over time with the step boundaries (matplotlib)."""
+def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = None,
+                  peak_reserved: Optional[int] = None, peak_allocated: Optional[int] = None) -> dict:
+    """Draws allocated and reserved bytes over time with the step boundaries (matplotlib).
+
+    The samples (every 5 ms and at each boundary) can miss a short peak, so the
+    exact peaks from the arena's stats (bytes) are drawn as lines and the
+    highest reserved sample is marked; with few steps each step is numbered
+    and the samples are dots, so a short script stays readable.
+
+    Returns:
+        What was drawn: ``{"peak_sample": (seconds, reserved bytes) or None,
+        "steps_numbered": bool}``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    mib = 2.0 ** 20
     ts = [t for t, _, _ in rec.samples]
-    ax.plot(ts, [a / 2**20 for _, a, _ in rec.samples], label="allocated", lw=1)
-    ax.plot(ts, [r / 2**20 for _, _, r in rec.samples], label="reserved", lw=1.5)
+    few = len(rec.samples) <= 200
+    style = dict(marker="." if few else None, ms=3)
+    ax.plot(ts, [a / mib for _, a, _ in rec.samples], label="allocated", lw=1, **style)
+    ax.plot(ts, [r / mib for _, _, r in rec.samples], label="reserved", lw=1.5, **style)
     for i, b in enumerate(rec.boundaries):
-        ax.axvline(b, color="0.8", lw=0.6, zorder=0, label="step boundary" if i == 0 else None)
+        ax.axvline(b, color="0.75", lw=0.6, zorder=0, label="step boundary" if i == 0 else None)
+    numbered = 0 < len(rec.boundaries) <= 40
+    if numbered:  # step k (from 1, as the report) runs from boundary k-1 (the start for step 1) to boundary k
+        for k, (a, b) in enumerate(zip([0.0] + rec.boundaries[:-1], rec.boundaries), start=1):
+            ax.text((a + b) / 2, 1.0, str(k), transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=7, color="0.35")
     if load:
-        ax.axhline(load / 2**20, color="k", ls="--", lw=0.8, label="LOAD (lower bound)")
+        ax.axhline(load / mib, color="k", ls="--", lw=0.8, label="LOAD (lower bound)")
+    if peak_reserved:
+        ax.axhline(peak_reserved / mib, color="tab:orange", ls=":", lw=1,
+                   label=f"peak reserved {peak_reserved / mib:.1f} MiB (stats)")
+    if peak_allocated:
+        ax.axhline(peak_allocated / mib, color="tab:blue", ls=":", lw=1,
+                   label=f"peak allocated {peak_allocated / mib:.1f} MiB (stats)")
+    peak = None
+    if rec.samples:
+        t, _, r = max(rec.samples, key=lambda x: x[2])
+        peak = (t, r)
+        ax.plot([t], [r / mib], marker="v", color="tab:red", ms=8, ls="none",
+                label=f"highest reserved sample ({t:.2f} s)")
     if rec.replayed_at is not None:
         ax.axvline(rec.replayed_at, color="tab:green", lw=1, label="steady state from here")
-    ax.set_xlabel("seconds since start")
+    ax.set_xlabel("seconds since the program started" + ("; step numbers on top" if numbered else ""))
     ax.set_ylabel("MiB")
-    ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, pad=14 if numbered else 6)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return {"peak_sample": peak, "steps_numbered": numbered}
 
 
 def _program_source(module: Optional[str], script: Optional[str]) -> Optional[str]:
@@ -323,6 +367,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = 0
     stop = threading.Event()
     sampler = None
+    rec.start()
     if args.plot:
         sampler = threading.Thread(target=_sampler, args=(rec, stop, 0.005), daemon=True)
         sampler.start()
@@ -365,19 +410,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A child the script forked (os.fork()) that returned or exited through SystemExit
         # reports nothing: the report is the parent's, once.
         if os.getpid() == parent:
-            code = _finish_run(tr, args, rec, holder, devices, report_file, code, module, script)
+            code = _finish_run(args, rec, report_file, code)
     return code
 
 
-def _finish_run(tr, args, rec, holder, devices, report_file, code: int, module, script) -> int:
-    """Prints the report of every device the script used, writes ``--report`` and draws
-    ``--plot``; the exit code (2 when the script succeeded and the report could not be
-    written)."""
-    times = holder["steps"].times if holder["steps"] is not None else []
-    if not times and rec.boundaries:
-        # Boundaries made by --step-on (no optimizer step timed them): the time
-        # from the start to each boundary, then between boundaries.
-        times = [b - a for a, b in zip([0.0] + rec.boundaries[:-1], rec.boundaries)]
+def _finish_run(args: argparse.Namespace, rec: _Recorder, report_file, code: int) -> int:
+    """Prints the report of every device the program used, writes ``--report`` and draws
+    ``--plot``; the exit code (2 when the program succeeded and the report could not be
+    written). Step times are the recorder's: every boundary, whatever made it."""
+    import torch_renaissance as tr
+
+    times = rec.step_times()
+    devices = rec.devices
     # CUDA: the device the script left current; nothing to report when
     # the script never initialized CUDA.
     used = [d for d in devices if tr.installer.active_arena(d) is not None]
@@ -414,8 +458,9 @@ def _finish_run(tr, args, rec, holder, devices, report_file, code: int, module, 
                              code)
     if args.plot and reports:
         rec.sample()
-        plot_timeline(rec, args.plot, f"torch-renaissance run {module or os.path.basename(script)}",
-                      reports[0]["load_bytes"])
+        first = reports[0]
+        plot_timeline(rec, args.plot, f"torch-renaissance run {args.module or os.path.basename(args.script)}",
+                      first["load_bytes"], first["peak_reserved_bytes"], first["peak_allocated_bytes"])
         print(f"torch-renaissance run: memory over time drawn to {args.plot}", file=sys.stderr)
     return code
 

@@ -86,6 +86,18 @@ def build(arch: str, size: str, vocab: int) -> nn.Module:
     raise ValueError(f"unknown arch {arch!r}; one of {', '.join(ARCHS)}")
 
 
+def _step(keyed: bool, key: int):
+    """``torch_renaissance.step(key=key)`` when ``keyed`` and installed, else nothing."""
+    import contextlib
+
+    if keyed:
+        import torch_renaissance as tr
+
+        if tr.installer.is_installed("cpu"):
+            return tr.step("cpu", key=key)
+    return contextlib.nullcontext()
+
+
 def train(argv: list = None) -> list:
     """Runs the loop with command-line arguments ``argv``; returns the losses
     (float.hex strings) or the generated tokens."""
@@ -104,6 +116,9 @@ def train(argv: list = None) -> list:
                    help="inference instead: generate for prompts of these lengths, e.g. 16,64,128")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=4, help="--generate: passes over the prompt lengths")
+    p.add_argument("--keyed", action="store_true",
+                   help="--generate: each generate() is torch_renaissance.step(key=prompt length) "
+                        "(imports torch_renaissance; a no-op step where it is not installed)")
     p.add_argument("--losses", metavar="PATH", help="write the losses (or generated tokens) as JSON")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads (0: leave as is); 1 makes losses independent of machine load")
@@ -122,8 +137,9 @@ def train(argv: list = None) -> list:
             for _ in range(a.rounds):
                 for n in lengths:
                     ids = torch.randint(1, a.vocab, (1, n), generator=gen)
-                    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens,
-                                         min_new_tokens=a.new_tokens, do_sample=False)
+                    with _step(a.keyed, n):
+                        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens,
+                                             min_new_tokens=a.new_tokens, do_sample=False)
                     results.append(out[0, n:].tolist())
     else:
         model.train()

@@ -469,6 +469,16 @@ bool overlap_in_time(const Pieces& a, const Pieces& b) {
   return false;
 }
 
+// Whether problem buffer `b` at `offset` is in the way of candidate `c`'s
+// block, which stands where the dynamic pool put it until it dies at `until`
+// of the first replay: `b` is born before that, or wraps into the cycle's
+// start (conservative: in the first replay nothing planned wraps in).
+bool in_way_of(const StepPlanJob::PinCandidate& c, const planner::Buffer& b, std::uint64_t offset,
+               std::int64_t period) {
+  const bool early = b.lower < c.until || (period > 0 && b.upper > period);
+  return early && c.at < offset + b.size && offset < c.at + c.bytes;
+}
+
 // Plans `problem` with the pinned buffers (pinned[k] != kNotPinned) turned
 // into obstacles at their offsets; the offsets returned cover every buffer.
 planner::Result solve_pinned(const planner::Problem& problem, const std::vector<std::uint64_t>& pinned,
@@ -497,9 +507,14 @@ planner::Result solve_pinned(const planner::Problem& problem, const std::vector<
 // phases. Where they got different offsets, move one onto the other's if
 // nothing live at its time is there: the plan's size cannot grow (that
 // offset already holds the slot) and the slot keeps its address from step
-// to step. Pinned buffers keep their offsets. O(n^2) checks.
+// to step. Pinned buffers keep their offsets, and no buffer moves into the
+// way of a recorded live-out left unpinned (candidate k's block is problem
+// buffer buffer_of[k]): the pin check ran on the offsets before this move
+// (a budget-0 plan of 24 small MLP blocks moved a phase-0 buffer onto one,
+// a conflict in the first replay). O(n^2) checks.
 void align_phases(const planner::Problem& problem, std::size_t n, const std::vector<std::uint64_t>& pinned,
-                  std::vector<std::uint64_t>& offsets) {
+                  const std::vector<StepPlanJob::PinCandidate>& candidates,
+                  const std::vector<std::size_t>& buffer_of, std::vector<std::uint64_t>& offsets) {
   if (n > StepPlanJob::kAlignMax) return;
   const std::int64_t period = problem.period;
   std::vector<Pieces> when(problem.buffers.size());
@@ -524,6 +539,12 @@ void align_phases(const planner::Problem& problem, std::size_t n, const std::vec
     for (std::size_t f = 0; f < problem.fixed.size(); ++f) {
       const planner::FixedBuffer& o = problem.fixed[f];
       if (at < o.offset + o.size && o.offset < at + size && overlap_in_time(when[k], fixed_when[f])) {
+        return false;
+      }
+    }
+    for (const StepPlanJob::PinCandidate& c : candidates) {
+      const std::size_t own = buffer_of[c.k];
+      if (own != k && pinned[own] == StepPlanJob::kNotPinned && in_way_of(c, problem.buffers[k], at, period)) {
         return false;
       }
     }
@@ -831,12 +852,7 @@ planner::Result plan_pinning(const planner::Problem& problem,
       if (pinned[own] != StepPlanJob::kNotPinned) continue;
       bool hit = false;
       for (std::size_t j = 0; !hit && j < problem.buffers.size(); ++j) {
-        if (j == own) continue;
-        const planner::Buffer& o = problem.buffers[j];
-        // Live in [0, until) of the cycle: born before it, or wrapping into it.
-        const bool early = o.lower < c.until || (period > 0 && o.upper > period);
-        const std::uint64_t off = r.offsets[j];
-        hit = early && c.at < off + o.size && off < c.at + c.bytes;
+        hit = j != own && in_way_of(c, problem.buffers[j], r.offsets[j], period);
       }
       if (hit) {
         pinned[own] = c.at;
@@ -866,7 +882,7 @@ void StepPlanner::run(PlanJob& job) {
   std::vector<std::size_t> recorded(n);
   for (std::size_t k = 0; k < n; ++k) recorded[k] = job.phases == 2 ? k + n : k;
   job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);
-  if (job.phases == 2) align_phases(job.problem, n, job.pinned, job.result.offsets);
+  if (job.phases == 2) align_phases(job.problem, n, job.pinned, job.pin_candidates, recorded, job.result.offsets);
   job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

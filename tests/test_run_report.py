@@ -1,0 +1,75 @@
+"""``torch-renaissance run``'s step times and ``--plot`` (issue 16, items 3 and 6)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import clean_env
+
+MIXED = """
+import torch, torch_renaissance as tr
+torch.manual_seed(0)
+m = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(3):                 # 3 optimizer-step boundaries
+    m(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+for _ in range(4):                 # then 4 steps the program marks itself
+    with tr.step():
+        with torch.no_grad():
+            m(torch.randn(8, 64)).sum()
+print("ok")
+"""
+
+
+def test_run_times_every_boundary_whatever_made_it(tmp_path):
+    # run had two sources of step times: auto_steps' (optimizer steps only)
+    # and the recorder's boundaries. A program that marks its own steps after
+    # some optimizer steps got "steps": 3 beside "step_boundaries": 7.
+    (tmp_path / "mixed.py").write_text(MIXED)
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(tmp_path / "r.json"),
+                        str(tmp_path / "mixed.py")], capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["step_boundaries"] == 7 and rep["steps"] == 7, rep
+    assert rep["mean_step_seconds"] > 0
+
+
+class _Rec:
+    """A recorder's drawn fields, by hand."""
+
+    def __init__(self, samples, boundaries):
+        self.samples, self.boundaries, self.replayed_at = samples, boundaries, None
+
+
+def test_plot_marks_the_highest_reserved_sample_and_numbers_few_steps(tmp_path):
+    pytest.importorskip("matplotlib")
+    from torch_renaissance.cli import plot_timeline
+
+    mib = 2**20
+    # 3 steps; a 1-sample spike of 50 MiB reserved in step 1, at 0.15 s.
+    samples = [(i * 0.01, 10 * mib, (50 if i == 15 else 20) * mib) for i in range(30)]
+    out = tmp_path / "mem.png"
+    drawn = plot_timeline(_Rec(samples, [0.1, 0.2, 0.3]), str(out), "t", load=8 * mib,
+                          peak_reserved=51 * mib, peak_allocated=10 * mib)
+    assert drawn == {"peak_sample": (0.15, 50 * mib), "steps_numbered": True}
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Many steps: not numbered (the numbers would overlap); no samples, no mark.
+    drawn = plot_timeline(_Rec([], [i * 0.01 for i in range(1, 101)]), str(out), "t")
+    assert drawn == {"peak_sample": None, "steps_numbered": False}
+
+
+def test_run_plot_of_a_short_script(tmp_path):
+    pytest.importorskip("matplotlib")
+    script = tmp_path / "s.py"
+    script.write_text(MIXED)
+    png = tmp_path / "mem.png"
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--plot", str(png), str(script)],
+                       capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"memory over time drawn to {png}" in r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
