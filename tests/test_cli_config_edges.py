@@ -159,3 +159,70 @@ def test_both_units_of_the_reserved_limit_in_one_source_are_refused(monkeypatch)
     # One unit in the environment and the other as a keyword: the keyword wins (documented).
     monkeypatch.setenv("TORCH_RENAISSANCE_CONF", "max_reserved_mb:1")
     assert make_config(max_reserved_bytes=4096).max_reserved_bytes == 4096
+
+
+def _refusals(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
+    missing = tmp_path / "no" / "p.png"
+    return [
+        (["--plot", str(missing), str(script)],
+         f"--plot {missing}: cannot write: No such file or directory; the script was not run"),
+        (["--plot", str(tmp_path), str(script)],
+         f"--plot {tmp_path}: cannot write: Is a directory; the script was not run"),
+        ([str(tmp_path)], f"{tmp_path} is not a regular file"),
+        ([str(fifo)], f"{fifo} is not a regular file"),  # would block reading it
+        (["-m", "no_such_module_xyz"], "-m no_such_module_xyz: no module named 'no_such_module_xyz'"),
+        (["-mno_such_module_xyz"], "-m no_such_module_xyz: no module named 'no_such_module_xyz'"),
+        (["-m", "no_such_pkg_xyz.sub"], "-m no_such_pkg_xyz.sub: No module named 'no_such_pkg_xyz'"),
+        (["--report=", str(script)], "--report needs a file path, got an empty one"),
+        (["--plot=", str(script)], "--plot needs a file path, got an empty one"),
+    ]
+
+
+def test_run_refuses_what_it_cannot_run_or_write_before_the_program_starts(tmp_path, capsys):
+    # Found by a tester: a --plot path was only found unwritable after the script ran (a
+    # matplotlib traceback, exit 1); a directory or a missing -m module gave runpy's
+    # traceback and a report of an empty run; a FIFO hung; -mMODULE was dropped; empty
+    # --report=/--plot= paths wrote nothing and exited 0.
+    for argv, message in _refusals(tmp_path):
+        assert cli.main(["run", *argv, str(tmp_path / "mark"), "0"]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("torch-renaissance run: ") and message in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and "memory report" not in err, (argv, err)
+        assert not (tmp_path / "mark").exists()
+
+
+def test_run_attached_module_form_runs_the_module(tmp_path):
+    # python -mjson.tool: the attached form names the module as -m MODULE does.
+    data = tmp_path / "d.json"
+    data.write_text('{"b": 1, "a": 2}')
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "-mjson.tool",
+                        "--sort-keys", str(data)], capture_output=True, text=True,
+                       env=clean_env(), cwd=str(REPO), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == {"a": 2, "b": 1} and r.stdout.index('"a"') < r.stdout.index('"b"')
+
+
+@pytest.mark.parametrize("target", ["serve.serve", "__main__.serve", "missing_mod_xyz.fn"])
+def test_run_step_on_the_program_itself_is_refused_before_it_runs(tmp_path, target):
+    # Found by a tester: --step-on serve.serve for `run serve.py` imported serve.py (the
+    # whole program ran once), hooked that copy's serve, then ran the program again as
+    # __main__ with no step marked. Now refused, the program never started, and no memory
+    # report is printed for a run that did not happen.
+    script = tmp_path / "serve.py"
+    mark = tmp_path / "ran.txt"
+    script.write_text(f"open({str(mark)!r}, 'a').write('ran\\n')\n"
+                      "def serve(x):\n    return x\n"
+                      "for i in range(3):\n    serve(i)\n")
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--step-on", target,
+                        str(script)], capture_output=True, text=True, env=clean_env(),
+                       cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert not mark.exists()
+    assert "the script was not run" in r.stderr and "memory report" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    if target != "missing_mod_xyz.fn":
+        assert "mark its steps with torch_renaissance.step()" in r.stderr

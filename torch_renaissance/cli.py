@@ -16,6 +16,7 @@ Also: python -m torch_renaissance ...
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -307,8 +308,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if module is None and script is None:
         print("torch-renaissance run: give a script or -m MODULE", file=sys.stderr)
         return 2
-    if script is not None and not os.path.exists(script):
-        print(f"torch-renaissance run: no such script: {script}", file=sys.stderr)
+    problem = _program_problem(module, script) or _output_problem("--report", args.report) \
+        or _output_problem("--plot", args.plot)
+    if problem:
+        print(f"torch-renaissance run: {problem}; the script was not run", file=sys.stderr)
         return 2
     if args.plot:
         try:
@@ -372,11 +375,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         sampler = threading.Thread(target=_sampler, args=(rec, stop, 0.005), daemon=True)
         sampler.start()
     parent = os.getpid()
+    ran = [False]  # whether the program started (a --step-on refusal comes before)
+    refused = False
     try:
         # --step-on names may live in the script's own modules: resolved
         # once the script's folder is importable, before it runs.
         for name in args.step_on or ():
+            own = _names_the_program(name, module, script)
+            if own:
+                raise ValueError(f"step_on: {own}")
             tr.step_on(name, devices[0], on_step_end=rec.boundary)
+        ran[0] = True
         if module:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
@@ -389,9 +398,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_script_error(e, script)
         code = 130  # as python does on Ctrl-C
     except ValueError as e:
-        if str(e).startswith("step_on:"):
-            print(f"torch-renaissance run: --step-on: {e}", file=sys.stderr)
+        if str(e).startswith("step_on:") and not ran[0]:
+            print(f"torch-renaissance run: --step-on: {e}; the script was not run", file=sys.stderr)
             code = 2
+            refused = True
         else:
             _print_script_error(e, script)
             code = 1
@@ -409,9 +419,97 @@ def cmd_run(args: argparse.Namespace) -> int:
             stepmod.step_end_hooks.remove(rec.boundary)
         # A child the script forked (os.fork()) that returned or exited through SystemExit
         # reports nothing: the report is the parent's, once.
-        if os.getpid() == parent:
+        if os.getpid() == parent and not refused:
             code = _finish_run(args, rec, report_file, code)
+        elif refused and report_file:
+            report_file.close()
     return code
+
+
+def _program_problem(module: Optional[str], script: Optional[str]) -> Optional[str]:
+    """Why the program cannot be run (as python says it), or None: a script that does not
+    exist or is not a regular file (a directory, a FIFO, which would block), a module
+    that cannot be found."""
+    if script is not None:
+        if not os.path.exists(script):
+            return f"no such script: {script}"
+        if not os.path.isfile(script):
+            return f"{script} is not a regular file (a directory, FIFO or device); give a Python script"
+        return None
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())  # as python -m: the working directory first
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:  # a missing parent package; an empty name
+        return f"-m {module}: {e}"
+    finally:
+        sys.path.pop(0)
+    if spec is None:
+        return f"-m {module}: no module named {module!r}"
+    return None
+
+
+def _output_problem(flag: str, path: Optional[str]) -> Optional[str]:
+    """Why ``--report``/``--plot`` PATH cannot be written, checked before the program runs
+    (it may take hours), in the words ``open`` would use: an empty path, a missing
+    directory, a directory, one not writable."""
+    if path is None:
+        return None
+    if not path:
+        return f"{flag} needs a file path, got an empty one"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        reason = os.strerror(errno.ENOENT)
+    elif os.path.isdir(path):
+        reason = os.strerror(errno.EISDIR)
+    elif not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        reason = os.strerror(errno.EACCES)
+    else:
+        return None
+    return f"{flag} {path}: cannot write: {reason}"
+
+
+def _names_the_program(name: str, module: Optional[str], script: Optional[str]) -> Optional[str]:
+    """Why ``--step-on NAME`` cannot hook a function of the program itself, or None.
+
+    Resolving NAME imports its module; when that module is the program (``serve.fn`` for
+    ``run serve.py``, or ``__main__``), importing it would run the whole program once
+    before ``run`` runs it as ``__main__``, and the function hooked would not be the one
+    the program calls."""
+    import importlib.util
+
+    head = name.split(".", 1)[0] if isinstance(name, str) else ""
+    if head == "__main__":
+        return (f"{name}: __main__ is the program itself; mark its steps with "
+                "torch_renaissance.step(), or move the function into a module it imports")
+    program = os.path.abspath(script) if script else None
+    if program is None and module:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
+        program = os.path.abspath(spec.origin) if spec and spec.origin else None
+    if program is None:
+        return None
+    parts = name.split(".")
+    for k in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:k]))
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.origin:
+            continue
+        try:
+            same = os.path.samefile(spec.origin, program)
+        except OSError:
+            same = False
+        if same:
+            return (f"{name}: {'.'.join(parts[:k])} is the program being run, and importing "
+                    "it would run it twice; mark its steps with torch_renaissance.step(), or "
+                    "move the function into a module the program imports")
+        return None
+    return None
 
 
 def _finish_run(args: argparse.Namespace, rec: _Recorder, report_file, code: int) -> int:
@@ -459,8 +557,13 @@ def _finish_run(args: argparse.Namespace, rec: _Recorder, report_file, code: int
     if args.plot and reports:
         rec.sample()
         first = reports[0]
-        plot_timeline(rec, args.plot, f"torch-renaissance run {args.module or os.path.basename(args.script)}",
-                      first["load_bytes"], first["peak_reserved_bytes"], first["peak_allocated_bytes"])
+        try:
+            plot_timeline(rec, args.plot, f"torch-renaissance run {args.module or os.path.basename(args.script)}",
+                          first["load_bytes"], first["peak_reserved_bytes"], first["peak_allocated_bytes"])
+        except OSError as e:  # checked before the run; the folder may have gone since
+            print(f"torch-renaissance run: --plot {args.plot}: cannot write: {e.strerror or e}",
+                  file=sys.stderr)
+            return code or 2
         print(f"torch-renaissance run: memory over time drawn to {args.plot}", file=sys.stderr)
     return code
 
@@ -909,6 +1012,8 @@ def _split_run(argv: List[str]) -> tuple:
             if i + 1 >= len(argv):
                 return argv[:i + 1], None, None, []  # argparse reports the missing MODULE
             return argv[:i], None, argv[i + 1], argv[i + 2:]
+        if t.startswith("-m") and not t.startswith("--"):  # -mMODULE, as python takes it
+            return argv[:i], None, t[2:], argv[i + 1:]
         if t in _RUN_VALUED:
             i += 2
             continue
