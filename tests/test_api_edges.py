@@ -181,3 +181,17 @@ def test_device_and_geometry_messages_name_only_what_is_wrong(C):
     with pytest.raises(ValueError) as e:
         C.Arena(C.HostDevice(), expandable_segments=False, small_segment=2**20 + 1)
     assert "small_segment (1048577 bytes)" in str(e.value) and "large_segment" not in str(e.value)
+
+
+def test_plan_trace_and_step_on_refuse_wrong_types_with_type_errors():
+    # A tester saw AttributeError ("'list' object has no attribute 'lifetimes'",
+    # "'NoneType' object has no attribute 'split'").
+    from torch_renaissance import step_on
+    from torch_renaissance.planner import plan_trace
+
+    for bad in (None, [], [(0, 10, 5)]):
+        with pytest.raises(TypeError, match="plan_trace takes a Trace"):
+            plan_trace(bad)
+    for bad in (None, 3, b"os.path.join"):
+        with pytest.raises(TypeError, match="step_on: the name must be a str"):
+            step_on(bad)

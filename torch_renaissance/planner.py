@@ -137,7 +137,15 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
 
     Returns:
         :class:`PlanResult`; ``offsets[i]`` belongs to ``trace.entries[i]``.
+
+    Raises:
+        TypeError: ``trace`` is not a :class:`~torch_renaissance.trace.Trace` (for
+            ``(size, lower, upper)`` tuples use :func:`plan_lifetimes`).
+        ValueError: as :func:`plan_lifetimes`.
     """
+    if not isinstance(trace, Trace):
+        raise TypeError(f"plan_trace takes a Trace (torch_renaissance.trace.load_trace), not "
+                        f"{type(trace).__name__}; plan_lifetimes takes (size, lower, upper) tuples")
     return plan_lifetimes(trace.lifetimes(), budget_seconds, seed, clock_seconds)
 
 

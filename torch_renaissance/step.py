@@ -225,6 +225,9 @@ def _resolve(name: str) -> Tuple[Any, str, Callable[..., Any]]:
     """``package.module.Attr.attr`` -> (owner object, attribute name, the function)."""
     import importlib
 
+    if not isinstance(name, str):
+        raise TypeError(f"step_on: the name must be a str such as 'package.module.function', "
+                        f"not {type(name).__name__}")
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
@@ -263,6 +266,7 @@ def step_on(name: str, device: Any = None, on_step_end: Optional[Callable[[], No
         on_step_end: called with no arguments after each such step ended.
 
     Raises:
+        TypeError: ``name`` is not a str.
         ValueError: ``name`` cannot be imported or is not callable.
         RuntimeError: torch_renaissance is not installed for ``device``.
     """
