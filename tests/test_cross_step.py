@@ -1,4 +1,4 @@
-"""Buffers that cross the step boundary (issue 16), on a HostDevice arena driven directly.
+"""Buffers that cross the step boundary, on a HostDevice arena driven directly.
 
 The ordinary loop ``out = model(x)`` keeps the previous step's output alive
 until the new one exists: the output's lifetime is longer than one step (it

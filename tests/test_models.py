@@ -1,4 +1,4 @@
-"""Third-party models run unchanged under ``torch-renaissance run`` (issue 16).
+"""Third-party models run unchanged under ``torch-renaissance run``.
 
 ``benchmarks/models/hf_train.py`` is an ordinary loop (``out = model(**batch)`` keeps the
 previous step's outputs alive across the step boundary). Each test runs it under

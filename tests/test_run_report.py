@@ -1,4 +1,4 @@
-"""``torch-renaissance run``'s step times and ``--plot`` (issue 16, items 3 and 6)."""
+"""``torch-renaissance run``: step times from every step boundary, and ``--plot``'s peak marks and step numbers."""
 from __future__ import annotations
 
 import json
