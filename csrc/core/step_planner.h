@@ -59,8 +59,9 @@
 // rest of the arena through StepArenaView: the config, the rounding unit,
 // the live map and the capture flag, read-only, and release_cached(), its
 // one change to the dynamic pool. It never splits, indexes or frees a block
-// itself. StepPlanJob is the planner's own record of one plan (a friend to
-// name PlannedBuffer and Layout), read by run() without the arena's lock.
+// itself. StepPlanJob is the planner's own record of one plan (it names the
+// public PlannedBuffer and Layout records), read by run() without the
+// arena's lock. No core class is a friend of another.
 #pragma once
 
 #include <cstdint>
@@ -99,8 +100,6 @@ struct StepPinCandidate {
 };
 
 class StepPlanner {
-  friend struct StepPlanJob;
-
  public:
   StepPlanner(Territory& territory, StepArenaView view)
       : territory_(territory), view_(std::move(view)) {}
@@ -149,6 +148,11 @@ class StepPlanner {
     std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
     std::uint64_t opener = 0;            // the thread that began the step
   };
+
+ public:
+  // The records a plan job (StepPlanJob) carries between the arena's lock
+  // and run(): public so that it names them without being a friend; only the
+  // planner makes or reads them.
   // One request position of a layout: its (max) size, lifetime in the
   // step's ticks, stream and offset per phase (was StepPlanner::Slot; the
   // static planner's MemoryPlan calls its placements slots). A layout's
@@ -181,6 +185,8 @@ class StepPlanner {
     // thread's allocations during a step are not part of it.
     std::vector<std::uint64_t> threads;
   };
+
+ private:
   struct Variant {
     Layout* layout = nullptr;
     std::vector<std::size_t> sizes;
