@@ -55,9 +55,7 @@ void test_obstacle_exact(int iterations) {
     above_load += bound > inst.load;
     const d::ObstacleMap map(inst);
     d::CanonicalSearch search(inst, map);
-    std::vector<std::uint32_t> order(inst.num_free);
-    std::iota(order.begin(), order.end(), 0u);
-    std::shuffle(order.begin(), order.end(), g.rng);
+    std::vector<std::uint32_t> order = shuffled_order(inst.num_free, g);
     d::Work work(std::numeric_limits<std::uint64_t>::max(), 60);
     std::vector<std::uint64_t> offs = d::initial_offsets(inst);
     CHECK(search.solve(best, order, std::numeric_limits<std::uint64_t>::max(), work, offs) ==

@@ -1,5 +1,7 @@
 // search_test.cpp - tests of the canonical search (core/planner_search.h): exact on tiny instances, raise, the failed-state table, MiniMalloc B and E at LOAD.
 // Run by tests/cpp/planner/main.cpp (build/plan_test).
+#include <string>
+
 #include "test_util.h"
 
 namespace plan_test {
@@ -17,9 +19,7 @@ void test_search_exact(int iterations) {
     const std::uint64_t best = brute_optimum(p);
     const d::ObstacleMap map(inst);
     d::CanonicalSearch search(inst, map);
-    std::vector<std::uint32_t> order(inst.num_free);
-    std::iota(order.begin(), order.end(), 0u);
-    std::shuffle(order.begin(), order.end(), g.rng);
+    std::vector<std::uint32_t> order = shuffled_order(inst.num_free, g);
     d::Work work(std::numeric_limits<std::uint64_t>::max(), 60);
     std::vector<std::uint64_t> offs(inst.num_items, d::kUnplaced);
     CHECK(search.solve(best, order, std::numeric_limits<std::uint64_t>::max(), work, offs) ==
@@ -126,9 +126,7 @@ void test_search_memo(int iterations) {
     const d::ObstacleMap map(inst);
     d::CanonicalSearch with(inst, map), without(inst, map);
     without.set_failure_memo(false);
-    std::vector<std::uint32_t> order(inst.num_free);
-    std::iota(order.begin(), order.end(), 0u);
-    std::shuffle(order.begin(), order.end(), g.rng);
+    std::vector<std::uint32_t> order = shuffled_order(inst.num_free, g);
     std::uint64_t rng = static_cast<std::uint64_t>(it);
     const d::OrderKeys keys = d::order_keys(inst, it % 2 ? "TWA" : "WAT", 0.0, rng);
     const d::OrderKeys* rerank = it % 2 ? &keys : nullptr;
@@ -162,15 +160,17 @@ void test_search_memo(int iterations) {
   CHECK(hits > 0, "memo: the table of failed states was never used (%d searches)", compared);
 }
 
-// MiniMalloc's challenging instance B at its LOAD (1,048,576 bytes) with
-// the TAW pre-order: 167,709 nodes with the table of failed states, 207,457
-// without (the same path otherwise), so within 180,000 (skipped without
-// ../shared/data).
-void test_search_memo_minimalloc_b() {
+// A MiniMalloc challenging instance (../shared/data/traces/dsa/minimalloc_X.csv,
+// skipped when absent) of `buffers` buffers at its LOAD, 1,048,576 bytes:
+// the canonical search with the pre-order `order_name` (parts re-ordered as
+// they split) finds a plan there within `node_limit` nodes.
+void check_minimalloc_at_load(char letter, std::size_t buffers, const char* order_name,
+                              std::uint64_t node_limit) {
   namespace d = renaissance::planner::detail;
-  std::FILE* f = std::fopen("../shared/data/traces/dsa/minimalloc_B.csv", "r");
+  const std::string path = std::string("../shared/data/traces/dsa/minimalloc_") + letter + ".csv";
+  std::FILE* f = std::fopen(path.c_str(), "r");
   if (f == nullptr) {
-    std::printf("plan_test: ../shared/data absent, MiniMalloc B skipped\n");
+    std::printf("plan_test: ../shared/data absent, MiniMalloc %c skipped\n", letter);
     return;
   }
   Problem p;
@@ -181,66 +181,38 @@ void test_search_memo_minimalloc_b() {
     p.buffers.push_back({static_cast<std::uint64_t>(size), lower, upper});
   }
   std::fclose(f);
-  CHECK(p.buffers.size() == 170, "MiniMalloc B: %zu buffers, not 170", p.buffers.size());
+  CHECK(p.buffers.size() == buffers, "MiniMalloc %c: %zu buffers, not %zu", letter,
+        p.buffers.size(), buffers);
   const d::Instance inst(p);
-  CHECK(inst.load == 1048576, "MiniMalloc B: LOAD %llu", static_cast<unsigned long long>(inst.load));
+  CHECK(inst.load == 1048576, "MiniMalloc %c: LOAD %llu", letter,
+        static_cast<unsigned long long>(inst.load));
   const d::ObstacleMap map(inst);
   d::CanonicalSearch search(inst, map);
   std::uint64_t rng = 0;
-  const d::OrderKeys keys = d::order_keys(inst, "TAW", 0.0, rng);
+  const d::OrderKeys keys = d::order_keys(inst, order_name, 0.0, rng);
   const std::vector<std::uint32_t> order = d::preorder(keys, d::pressures(inst));
   d::Work work(std::numeric_limits<std::uint64_t>::max(), 600.0);
   std::vector<std::uint64_t> offs = d::initial_offsets(inst);
-  const auto status = search.solve(inst.load, order, 180000, work, offs, &keys);
+  const auto status = search.solve(inst.load, order, node_limit, work, offs, &keys);
   CHECK(status == d::CanonicalSearch::Status::kFound,
-        "MiniMalloc B at LOAD: status %d after %llu nodes", static_cast<int>(status),
+        "MiniMalloc %c at LOAD: status %d after %llu nodes", letter, static_cast<int>(status),
         static_cast<unsigned long long>(search.nodes()));
   std::vector<std::uint64_t> full(p.buffers.size(), 0);
   for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
   CHECK(pl::validate(p, full).empty() && plan_size(p, full) == 1048576,
-        "MiniMalloc B: plan invalid or not at LOAD");
+        "MiniMalloc %c: plan invalid or not at LOAD", letter);
 }
 
-// MiniMalloc's challenging instance E (../shared/data/traces/dsa, skipped
-// when absent) at its LOAD, 1,048,576 bytes: the canonical search with the
-// TWA pre-order (parts re-ordered as they split) finds a plan there within
-// 700,000 nodes (507k here). Regression: the section bounds were checked
-// only inside the first part of a split, so placements MiniMalloc prunes by
-// checking the whole partition before it splits were searched below; that
-// search gave up after 3,000,000 nodes. MiniMalloc finds E with TWA too.
-void test_search_checks_before_split() {
-  namespace d = renaissance::planner::detail;
-  std::FILE* f = std::fopen("../shared/data/traces/dsa/minimalloc_E.csv", "r");
-  if (f == nullptr) {
-    std::printf("plan_test: ../shared/data absent, MiniMalloc E skipped\n");
-    return;
-  }
-  Problem p;
-  char line[256];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    long long id = 0, lower = 0, upper = 0, size = 0;
-    if (std::sscanf(line, "%lld,%lld,%lld,%lld", &id, &lower, &upper, &size) != 4) continue;
-    p.buffers.push_back({static_cast<std::uint64_t>(size), lower, upper});
-  }
-  std::fclose(f);
-  CHECK(p.buffers.size() == 215, "MiniMalloc E: %zu buffers, not 215", p.buffers.size());
-  const d::Instance inst(p);
-  CHECK(inst.load == 1048576, "MiniMalloc E: LOAD %llu", static_cast<unsigned long long>(inst.load));
-  const d::ObstacleMap map(inst);
-  d::CanonicalSearch search(inst, map);
-  std::uint64_t rng = 0;
-  const d::OrderKeys keys = d::order_keys(inst, "TWA", 0.0, rng);
-  const std::vector<std::uint32_t> order = d::preorder(keys, d::pressures(inst));
-  d::Work work(std::numeric_limits<std::uint64_t>::max(), 600.0);
-  std::vector<std::uint64_t> offs = d::initial_offsets(inst);
-  const auto status = search.solve(inst.load, order, 700000, work, offs, &keys);
-  CHECK(status == d::CanonicalSearch::Status::kFound,
-        "MiniMalloc E at LOAD: status %d after %llu nodes", static_cast<int>(status),
-        static_cast<unsigned long long>(search.nodes()));
-  std::vector<std::uint64_t> full(p.buffers.size(), 0);
-  for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
-  CHECK(pl::validate(p, full).empty() && plan_size(p, full) == 1048576,
-        "MiniMalloc E: plan invalid or not at LOAD");
-}
+// MiniMalloc B with the TAW pre-order: 167,709 nodes with the table of
+// failed states, 207,457 without (the same path otherwise), so within
+// 180,000.
+void test_search_memo_minimalloc_b() { check_minimalloc_at_load('B', 170, "TAW", 180000); }
+
+// MiniMalloc E with the TWA pre-order: within 700,000 nodes (507k here).
+// Regression: the section bounds were checked only inside the first part of
+// a split, so placements MiniMalloc prunes by checking the whole partition
+// before it splits were searched below; that search gave up after 3,000,000
+// nodes. MiniMalloc finds E with TWA too.
+void test_search_checks_before_split() { check_minimalloc_at_load('E', 215, "TWA", 700000); }
 
 }  // namespace plan_test

@@ -315,6 +315,21 @@ inline std::uint64_t brute_optimum(const Problem& p) {
   return best;
 }
 
+// A buffer size of a generated step: 512-byte multiples from 512 B to
+// 64 MiB, spread evenly over the powers of two.
+inline std::uint64_t step_size(Gen& g) {
+  const int e = static_cast<int>(g.uni(9, 26));
+  return ((std::uint64_t{1} << e) + static_cast<std::uint64_t>(g.uni(0, (1 << e) - 1))) / 512 * 512;
+}
+
+// A random order of the n free items (a permutation drawn from g).
+inline std::vector<std::uint32_t> shuffled_order(std::uint32_t n, Gen& g) {
+  std::vector<std::uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::shuffle(order.begin(), order.end(), g.rng);
+  return order;
+}
+
 // A recorded training step of n allocations in event order: each event
 // allocates a new buffer or frees a random live one (equally likely, so the
 // live set wanders); sizes are 512-byte multiples from 512 B to 64 MiB,
@@ -327,9 +342,7 @@ inline Problem step_random_frees(Gen& g, int n) {
   while (made < n || !live.empty()) {
     if (made < n && (live.empty() || g.uni(0, 99) < 52)) {
       Buffer b;
-      const int e = static_cast<int>(g.uni(9, 26));
-      b.size = (std::uint64_t{1} << e) + static_cast<std::uint64_t>(g.uni(0, (1 << e) - 1));
-      b.size = b.size / 512 * 512;
+      b.size = step_size(g);
       b.lower = t;
       b.upper = t + 1;
       p.buffers.push_back(b);
@@ -352,8 +365,7 @@ inline Problem step_random_lifetimes(Gen& g, int n) {
   Problem p;
   for (int i = 0; i < n; ++i) {
     Buffer b;
-    const int e = static_cast<int>(g.uni(9, 26));
-    b.size = ((std::uint64_t{1} << e) + static_cast<std::uint64_t>(g.uni(0, (1 << e) - 1))) / 512 * 512;
+    b.size = step_size(g);
     b.lower = i;
     b.upper = g.uni(i + 1, n);
     p.buffers.push_back(b);
@@ -367,8 +379,7 @@ inline Problem step_short_lived(Gen& g, int n, std::int64_t max_len) {
   Problem p;
   for (int i = 0; i < n; ++i) {
     Buffer b;
-    const int e = static_cast<int>(g.uni(9, 26));
-    b.size = ((std::uint64_t{1} << e) + static_cast<std::uint64_t>(g.uni(0, (1 << e) - 1))) / 512 * 512;
+    b.size = step_size(g);
     b.lower = i;
     b.upper = i + g.uni(1, max_len);
     p.buffers.push_back(b);
