@@ -195,3 +195,21 @@ def test_plan_trace_and_step_on_refuse_wrong_types_with_type_errors():
     for bad in (None, 3, b"os.path.join"):
         with pytest.raises(TypeError, match="step_on: the name must be a str"):
             step_on(bad)
+
+
+def test_step_on_and_planned_refuse_what_cannot_be_called():
+    # A breaker: step_on(on_step_end='x') was accepted and every later call of the hooked
+    # function raised; @planned(5) failed only when the wrapper was called; '.x' gave a
+    # bare "Empty module name".
+    import torch_renaissance as tr
+
+    with pytest.raises(TypeError, match="on_step_end must be callable"):
+        tr.step_on("json.dumps", on_step_end="x")
+    with pytest.raises(TypeError, match="planned decorates a function, not int"):
+        tr.planned(5)
+    for bad in (".x", "a..b", "os.", "print"):
+        with pytest.raises(ValueError, match=r"step_on: .* is not a dotted name"):
+            tr.step_on(bad)
+    import json
+
+    assert json.dumps([1]) == "[1]"  # nothing was hooked

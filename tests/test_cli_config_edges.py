@@ -179,14 +179,20 @@ def _refusals(tmp_path):
         (["-m", "no_such_pkg_xyz.sub"], "-m no_such_pkg_xyz.sub: No module named 'no_such_pkg_xyz'"),
         (["--report=", str(script)], "--report needs a file path, got an empty one"),
         (["--plot=", str(script)], "--plot needs a file path, got an empty one"),
+        (["-m", "nomain_pkg"], "-m nomain_pkg: no module named 'nomain_pkg.__main__'; 'nomain_pkg' is "
+                               "a package and cannot be directly executed"),
     ]
 
 
-def test_run_refuses_what_it_cannot_run_or_write_before_the_program_starts(tmp_path, capsys):
+def test_run_refuses_what_it_cannot_run_or_write_before_the_program_starts(tmp_path, capsys,
+                                                                           monkeypatch):
     # Found by a tester: a --plot path was only found unwritable after the script ran (a
     # matplotlib traceback, exit 1); a directory or a missing -m module gave runpy's
     # traceback and a report of an empty run; a FIFO hung; -mMODULE was dropped; empty
     # --report=/--plot= paths wrote nothing and exited 0.
+    (tmp_path / "nomain_pkg").mkdir()
+    (tmp_path / "nomain_pkg" / "__init__.py").write_text("")  # python -m imports it too
+    monkeypatch.chdir(tmp_path)  # -m looks in the working directory, as python -m does
     for argv, message in _refusals(tmp_path):
         assert cli.main(["run", *argv, str(tmp_path / "mark"), "0"]) == 2, argv
         err = capsys.readouterr().err
@@ -206,7 +212,8 @@ def test_run_attached_module_form_runs_the_module(tmp_path):
     assert json.loads(r.stdout) == {"a": 2, "b": 1} and r.stdout.index('"a"') < r.stdout.index('"b"')
 
 
-@pytest.mark.parametrize("target", ["serve.serve", "__main__.serve", "missing_mod_xyz.fn"])
+@pytest.mark.parametrize("target", ["serve.serve", "__main__.serve", "missing_mod_xyz.fn",
+                                    "serve.K.go", ".x", "a..b"])
 def test_run_step_on_the_program_itself_is_refused_before_it_runs(tmp_path, target):
     # Found by a tester: --step-on serve.serve for `run serve.py` imported serve.py (the
     # whole program ran once), hooked that copy's serve, then ran the program again as
@@ -216,13 +223,69 @@ def test_run_step_on_the_program_itself_is_refused_before_it_runs(tmp_path, targ
     mark = tmp_path / "ran.txt"
     script.write_text(f"open({str(mark)!r}, 'a').write('ran\\n')\n"
                       "def serve(x):\n    return x\n"
+                      "class K:\n    def go(self):\n        return 1\n"
                       "for i in range(3):\n    serve(i)\n")
-    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--step-on", target,
-                        str(script)], capture_output=True, text=True, env=clean_env(),
-                       cwd=str(tmp_path), timeout=300)
+    report = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--report",
+                        str(report), "--step-on", target, str(script)], capture_output=True,
+                       text=True, env=clean_env(), cwd=str(tmp_path), timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert not mark.exists()
+    assert not mark.exists()  # finding main.K imported main: the program ran once
+    assert not report.exists()  # run made it empty for a run that did not happen
     assert "the script was not run" in r.stderr and "memory report" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    if target != "missing_mod_xyz.fn":
+    if target in ("serve.serve", "__main__.serve", "serve.K.go"):
         assert "mark its steps with torch_renaissance.step()" in r.stderr
+
+
+def _run_pk(tmp_path, *args):
+    pk = tmp_path / "pk"
+    pk.mkdir(exist_ok=True)
+    (pk / "__init__.py").write_text("def f(x):\n    return x + 1\n")
+    (pk / "__main__.py").write_text(f"open({str(tmp_path / 'ran.txt')!r}, 'a').write('ran\\n')\n"
+                                    "import pk\n"
+                                    "def g():\n    return 0\n"
+                                    "for i in range(3):\n    pk.f(i)\n")
+    return subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", *args, "-m", "pk"],
+                          capture_output=True, text=True, env=clean_env(), cwd=str(tmp_path),
+                          timeout=300)
+
+
+def test_run_step_on_a_packages_own_function_works_and_its_main_is_refused(tmp_path):
+    # A breaker found pk.f (in pk/__init__.py) refused for `run -m pk`, whose program is
+    # pk/__main__.py, and pk.__main__.g not refused (the program ran twice).
+    report = tmp_path / "r.json"
+    r = _run_pk(tmp_path, "--report", str(report), "--step-on", "pk.f")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"  # once
+    assert json.loads(report.read_text())["step_boundaries"] == 3  # one per pk.f call
+    (tmp_path / "ran.txt").unlink()
+    r = _run_pk(tmp_path, "--step-on", "pk.__main__.g")
+    assert r.returncode == 2 and "pk.__main__ is the program being run" in r.stderr, r.stderr
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_run_plot_relative_path_is_the_callers_and_fifo_report_does_not_hang(tmp_path):
+    # A breaker found a relative --plot written where the script chdir'ed to, and
+    # --report on a FIFO nobody reads blocking run before the program started.
+    pytest.importorskip("matplotlib")
+    (tmp_path / "elsewhere").mkdir()
+    script = tmp_path / "cd.py"
+    script.write_text("import os, torch\n"
+                      f"os.chdir({str(tmp_path / 'elsewhere')!r})\n"
+                      "m = torch.nn.Linear(4, 4); opt = torch.optim.SGD(m.parameters(), 0.1)\n"
+                      "for i in range(3):\n"
+                      "    m(torch.ones(2, 4)).sum().backward(); opt.step(); opt.zero_grad()\n")
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--plot", "p.png",
+                        str(script)], capture_output=True, text=True, env=clean_env(),
+                       cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "elsewhere" / "p.png").exists()
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "run", "--report", str(fifo),
+                        str(script)], capture_output=True, text=True, env=clean_env(),
+                       cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"--report {fifo}: cannot write: no process reads that FIFO" in r.stderr

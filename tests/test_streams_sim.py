@@ -417,3 +417,6 @@ def test_stream_manager_bad_roles_and_non_tensors_are_clear_errors():
     for bad in ("notatensor", None, [torch.ones(1)]):
         with pytest.raises(TypeError, match="takes a tensor"):
             sm.handoff(bad, to="compute")
+    for bad in ("", 0, []):  # falsy roles were taken as "the current role"
+        with pytest.raises(UnknownRoleError):
+            sm.handoff(torch.ones(1), to="compute", from_=bad)

@@ -1517,6 +1517,12 @@ def test_save_snapshot_errors_name_the_path_given(tmp_path, monkeypatch):
     assert "no such directory" in str(e.value)
     with pytest.raises(ValueError, match="the path is empty"):
         T.save_snapshot(snap, "")
+    a_file = tmp_path / "f.pickle"
+    a_file.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError, match="save_snapshot: not a directory: .*nothing was written"):
+        T.save_snapshot(snap, a_file / "x.pickle")
+    assert a_file.read_bytes() == b"x"
+    a_file.unlink()
     monkeypatch.chdir(tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing written anywhere
     locked = tmp_path / "ro"

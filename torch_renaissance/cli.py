@@ -314,6 +314,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"torch-renaissance run: {problem}; the script was not run", file=sys.stderr)
         return 2
     if args.plot:
+        args.plot = os.path.abspath(args.plot)  # the program may change the working directory
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -355,6 +356,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     stepmod = importlib.import_module("torch_renaissance.step")
     stepmod.step_end_hooks.append(rec.boundary)
+    report_made = bool(args.report) and not os.path.exists(args.report)
     report_file = _open_report(args.report) if args.report else None
     if report_file is False:
         return 2
@@ -423,6 +425,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             code = _finish_run(args, rec, report_file, code)
         elif refused and report_file:
             report_file.close()
+            if report_made:  # made empty by run itself, for a run that did not happen
+                try:
+                    os.unlink(args.report)
+                except OSError:
+                    pass
     return code
 
 
@@ -447,6 +454,17 @@ def _program_problem(module: Optional[str], script: Optional[str]) -> Optional[s
         sys.path.pop(0)
     if spec is None:
         return f"-m {module}: no module named {module!r}"
+    if spec.submodule_search_locations is not None:  # a package: python runs its __main__
+        sys.path.insert(0, os.getcwd())
+        try:
+            main = importlib.util.find_spec(module + ".__main__")
+        except (ImportError, ValueError):
+            main = None
+        finally:
+            sys.path.pop(0)
+        if main is None:
+            return (f"-m {module}: no module named {module + '.__main__'!r}; {module!r} is a "
+                    "package and cannot be directly executed")
     return None
 
 
@@ -474,42 +492,56 @@ def _names_the_program(name: str, module: Optional[str], script: Optional[str]) 
     """Why ``--step-on NAME`` cannot hook a function of the program itself, or None.
 
     Resolving NAME imports its module; when that module is the program (``serve.fn`` for
-    ``run serve.py``, or ``__main__``), importing it would run the whole program once
-    before ``run`` runs it as ``__main__``, and the function hooked would not be the one
-    the program calls."""
+    ``run serve.py``, ``pk.__main__.fn`` for ``run -m pk``, or ``__main__``), importing it
+    would run the whole program once before ``run`` runs it as ``__main__``, and the
+    function hooked would not be the one the program calls. Prefixes are looked up from
+    the shortest, so no lookup imports the program (finding ``main.K`` imports ``main``)."""
     import importlib.util
 
-    head = name.split(".", 1)[0] if isinstance(name, str) else ""
-    if head == "__main__":
+    if not isinstance(name, str):
+        return None  # step_on's own TypeError
+    if name.split(".", 1)[0] == "__main__":
         return (f"{name}: __main__ is the program itself; mark its steps with "
                 "torch_renaissance.step(), or move the function into a module it imports")
-    program = os.path.abspath(script) if script else None
-    if program is None and module:
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            return None
-        program = os.path.abspath(spec.origin) if spec and spec.origin else None
+    program = _program_file(module, script)
     if program is None:
         return None
     parts = name.split(".")
-    for k in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+    for k in range(1, len(parts)):
+        prefix = ".".join(parts[:k])
         try:
-            spec = importlib.util.find_spec(".".join(parts[:k]))
+            spec = importlib.util.find_spec(prefix)
         except (ImportError, ValueError):
-            continue
-        if spec is None or not spec.origin:
-            continue
+            return None  # step_on says what it cannot find
+        if spec is None:
+            return None  # not a module: neither is any longer prefix
         try:
-            same = os.path.samefile(spec.origin, program)
+            same = bool(spec.origin) and os.path.samefile(spec.origin, program)
         except OSError:
             same = False
         if same:
-            return (f"{name}: {'.'.join(parts[:k])} is the program being run, and importing "
-                    "it would run it twice; mark its steps with torch_renaissance.step(), or "
-                    "move the function into a module the program imports")
-        return None
+            return (f"{name}: {prefix} is the program being run, and importing it would run "
+                    "it twice; mark its steps with torch_renaissance.step(), or move the "
+                    "function into a module the program imports")
+        if spec.submodule_search_locations is None:
+            return None  # a plain module: what follows are its attributes
     return None
+
+
+def _program_file(module: Optional[str], script: Optional[str]) -> Optional[str]:
+    """The file ``run`` executes as ``__main__``: the script, the ``-m`` module's file,
+    or a package's ``__main__.py``; None when it cannot be found."""
+    import importlib.util
+
+    if script:
+        return os.path.abspath(script)
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(module + ".__main__")
+    except (ImportError, ValueError):
+        return None
+    return os.path.abspath(spec.origin) if spec is not None and spec.origin else None
 
 
 def _finish_run(args: argparse.Namespace, rec: _Recorder, report_file, code: int) -> int:
@@ -572,6 +604,20 @@ def _open_output(command: str, flag: str, path: str, consequence: str):
     """Opens an output file (``--report``, ``--json``) before any work is done (and
     before a script can change the working directory), without truncating it; False,
     with a one-line message ending in ``consequence``, when it cannot be written."""
+    try:
+        if stat.S_ISFIFO(os.stat(path).st_mode):
+            # A FIFO nobody reads would block open() until someone does: open it without
+            # blocking (ENXIO: no reader), then write to it as to a file.
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "a", encoding="utf-8")
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        reason = "no process reads that FIFO" if e.errno == errno.ENXIO else (e.strerror or str(e))
+        print(f"torch-renaissance {command}: {flag} {path}: cannot write: {reason}; {consequence}",
+              file=sys.stderr)
+        return False
     try:
         return open(path, "a", encoding="utf-8")
     except OSError as e:

@@ -88,11 +88,15 @@ def planned(fn: Optional[F] = None, *, device: Any = None, key: Hashable = None)
     apart.
 
     Raises:
-        TypeError: ``fn`` is a generator or coroutine function: its call
+        TypeError: ``fn`` is not callable (``@planned(5)``), or is a generator or
+            coroutine function: its call
             returns at once and its body runs later, outside the step (use
             ``with torch_renaissance.step():`` inside it instead).
     """
     def wrap(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"torch_renaissance.planned decorates a function, not "
+                            f"{type(f).__name__} (use @planned or @planned(key=...))")
         if inspect.isgeneratorfunction(f) or inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f):
             kind = "generator" if inspect.isgeneratorfunction(f) else "coroutine"
             raise TypeError(f"torch_renaissance.planned: {getattr(f, '__qualname__', f)!s} is a {kind} "
@@ -229,6 +233,9 @@ def _resolve(name: str) -> Tuple[Any, str, Callable[..., Any]]:
         raise TypeError(f"step_on: the name must be a str such as 'package.module.function', "
                         f"not {type(name).__name__}")
     parts = name.split(".")
+    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+        raise ValueError(f"step_on: {name!r} is not a dotted name (give module.function or "
+                         "module.Class.method)")
     for cut in range(len(parts) - 1, 0, -1):
         try:
             owner: Any = importlib.import_module(".".join(parts[:cut]))
@@ -266,10 +273,13 @@ def step_on(name: str, device: Any = None, on_step_end: Optional[Callable[[], No
         on_step_end: called with no arguments after each such step ended.
 
     Raises:
-        TypeError: ``name`` is not a str.
-        ValueError: ``name`` cannot be imported or is not callable.
+        TypeError: ``name`` is not a str, or ``on_step_end`` is not callable.
+        ValueError: ``name`` is not a dotted name, cannot be imported or is not callable.
         RuntimeError: torch_renaissance is not installed for ``device``.
     """
+    if on_step_end is not None and not callable(on_step_end):
+        raise TypeError(f"step_on: on_step_end must be callable or None, not "
+                        f"{type(on_step_end).__name__}")
     owner, attr, fn = _resolve(name)
     if name in _step_on:
         return

@@ -155,7 +155,7 @@ class StreamManager:
             InvalidPointerError: with SimDevice, the address is not a live allocation
                 of the arena; no event is recorded.
         """
-        src = self.stream(from_ or self.current())
+        src = self.stream(self.current() if from_ is None else from_)
         dst = self.stream(to)
         if self._sim is not None:
             if isinstance(tensor, bool) or not isinstance(tensor, int):

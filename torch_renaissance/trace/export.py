@@ -330,7 +330,7 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
     target = os.path.realpath(target)
     try:
         st = os.stat(target)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the directory check below names it
         st = None
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise ValueError(
@@ -340,6 +340,9 @@ def save_snapshot(snapshot: Dict[str, Any], path: PathLike) -> None:
     directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         # Named here: the temporary file's error would name a file the caller never gave.
+        if os.path.exists(directory):
+            raise NotADirectoryError(errno.ENOTDIR, f"save_snapshot: not a directory: "
+                                     f"{directory} (nothing was written)", given)
         raise FileNotFoundError(errno.ENOENT, f"save_snapshot: no such directory: {directory} "
                                 "(nothing was written)", given)
     # The temporary file is created with mode 0666 less the umask, as open() would
