@@ -233,22 +233,7 @@ def plot_timeline(rec: _Recorder, path: str, title: str, load: Optional[int] = N
 
 def _program_source(module: Optional[str], script: Optional[str]) -> Optional[str]:
     """The source text of the program run will run (None when it cannot be read)."""
-    path = script
-    if module:
-        import importlib.util
-
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            return None
-        if spec is None:
-            return None
-        if spec.submodule_search_locations:  # a package: python -m runs its __main__
-            try:
-                spec = importlib.util.find_spec(module + ".__main__")
-            except (ImportError, ValueError):
-                return None
-        path = spec.origin if spec is not None else None
+    path = _program_file(module, script)
     if not path or not os.path.isfile(path):
         return None
     try:
@@ -443,29 +428,43 @@ def _program_problem(module: Optional[str], script: Optional[str]) -> Optional[s
         if not os.path.isfile(script):
             return f"{script} is not a regular file (a directory, FIFO or device); give a Python script"
         return None
+    try:
+        _main_spec(module)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _main_spec(module: str):
+    """The module spec ``python -m MODULE`` runs as ``__main__`` (a package's
+    ``__main__``), looked up with the working directory first on ``sys.path``, as
+    python -m has it.
+
+    Raises:
+        ValueError: there is none, in python's words (``-m MODULE: ...``).
+    """
     import importlib.util
 
-    sys.path.insert(0, os.getcwd())  # as python -m: the working directory first
+    sys.path.insert(0, os.getcwd())
     try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as e:  # a missing parent package; an empty name
-        return f"-m {module}: {e}"
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError) as e:  # a missing parent package; an empty name
+            raise ValueError(f"-m {module}: {e}") from None
+        if spec is None:
+            raise ValueError(f"-m {module}: no module named {module!r}")
+        if spec.submodule_search_locations is not None:  # a package: python runs its __main__
+            try:
+                main = importlib.util.find_spec(module + ".__main__")
+            except (ImportError, ValueError):
+                main = None
+            if main is None:
+                raise ValueError(f"-m {module}: no module named {module + '.__main__'!r}; "
+                                 f"{module!r} is a package and cannot be directly executed")
+            spec = main
+        return spec
     finally:
         sys.path.pop(0)
-    if spec is None:
-        return f"-m {module}: no module named {module!r}"
-    if spec.submodule_search_locations is not None:  # a package: python runs its __main__
-        sys.path.insert(0, os.getcwd())
-        try:
-            main = importlib.util.find_spec(module + ".__main__")
-        except (ImportError, ValueError):
-            main = None
-        finally:
-            sys.path.pop(0)
-        if main is None:
-            return (f"-m {module}: no module named {module + '.__main__'!r}; {module!r} is a "
-                    "package and cannot be directly executed")
-    return None
 
 
 def _output_problem(flag: str, path: Optional[str]) -> Optional[str]:
@@ -531,17 +530,13 @@ def _names_the_program(name: str, module: Optional[str], script: Optional[str]) 
 def _program_file(module: Optional[str], script: Optional[str]) -> Optional[str]:
     """The file ``run`` executes as ``__main__``: the script, the ``-m`` module's file,
     or a package's ``__main__.py``; None when it cannot be found."""
-    import importlib.util
-
     if script:
         return os.path.abspath(script)
     try:
-        spec = importlib.util.find_spec(module)
-        if spec is not None and spec.submodule_search_locations is not None:
-            spec = importlib.util.find_spec(module + ".__main__")
-    except (ImportError, ValueError):
+        spec = _main_spec(module)
+    except ValueError:
         return None
-    return os.path.abspath(spec.origin) if spec is not None and spec.origin else None
+    return os.path.abspath(spec.origin) if spec.origin else None
 
 
 def _finish_run(args: argparse.Namespace, rec: _Recorder, report_file, code: int) -> int:
