@@ -68,6 +68,9 @@ def install(device: Any = "cpu", **config: Any) -> None:
 
     Args:
         device: ``"cpu"``, ``"cuda"`` or a ``torch.device`` of those types.
+            The CPU has one allocator per process, as in PyTorch (which makes
+            ``torch.empty(3, device="cpu:1")`` on ``cpu``): ``"cpu:1"`` installs
+            that one. For CUDA, one arena per device serves every index.
         **config: configuration keys (see the module docstring); they override
             ``TORCH_RENAISSANCE_CONF``.
 
