@@ -213,3 +213,35 @@ def test_step_on_and_planned_refuse_what_cannot_be_called():
     import json
 
     assert json.dumps([1]) == "[1]"  # nothing was hooked
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda a: a.allocate(-1), ValueError, "Arena.allocate(): size must be >= 0, got -1"),
+    (lambda a: a.allocate(2**64), ValueError,
+     "Arena.allocate(): size 18446744073709551616 does not fit in 64 bits"),
+    (lambda a: a.allocate(True), TypeError, "Arena.allocate(): size must be an int, not bool"),
+    (lambda a: a.allocate(1.5), TypeError, "Arena.allocate(): size must be an int, not float"),
+    (lambda a: a.allocate(64, -2), ValueError, "Arena.allocate(): stream must be >= 0, got -2"),
+    (lambda a: a.deallocate(None), TypeError, "Arena.deallocate(): ptr must be an int, not NoneType"),
+    (lambda a: a.deallocate(-5), ValueError, "Arena.deallocate(): ptr must be >= 0, got -5"),
+    (lambda a: a.record_stream(1.0, 0), TypeError,
+     "Arena.record_stream(): ptr must be an int, not float"),
+    (lambda a: a.block_size(-1), ValueError, "Arena.block_size(): ptr must be >= 0, got -1"),
+])
+def test_arena_calls_refuse_bad_integers_in_one_line(C, call, error, message):
+    # Was pybind's multi-line "incompatible function arguments" TypeError with the overloads.
+    a = C.Arena(C.HostDevice())
+    before = a.stats()
+    with pytest.raises(error) as e:
+        call(a)
+    assert str(e.value) == message
+    assert a.stats() == before and a.check_invariants() is None  # nothing allocated or lost
+
+
+def test_arena_calls_take_numpy_integers(C):
+    np = pytest.importorskip("numpy")
+    a = C.Arena(C.HostDevice())
+    p = a.allocate(np.int64(1000))
+    assert a.block_size(np.uint64(p)) >= 1000
+    a.deallocate(np.uint64(p))
+    assert a.stats()["allocated_bytes"]["all"]["current"] == 0

@@ -19,6 +19,12 @@ namespace renaissance {
 inline void* to_ptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
 inline std::uintptr_t to_int(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
+// A Python int taken as a size, a pointer or a stream id (0 .. 2**64 - 1),
+// with a one-line error naming the call and the argument instead of
+// pybind's list of overloads: TypeError for a bool or a non-integer,
+// ValueError below 0 or above 2**64 - 1. Needs the GIL.
+std::uint64_t to_uint64(const pybind11::handle& value, const char* call, const char* name);
+
 // bindings.cpp: the exception translator and _C.InvalidPointerError.
 void bind_errors(pybind11::module_& m);
 // bind_devices.cpp: Device, HostDevice, SimWait, SimDevice.

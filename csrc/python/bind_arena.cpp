@@ -152,15 +152,31 @@ void bind_arena(py::module_& m) {
              return std::make_shared<Arena>(std::move(d), arena_config_from_kwargs(kw));
            }),
            py::arg("device"))
+      // Arguments are converted with the GIL held (to_uint64's one-line
+      // errors), then released around the arena call.
       .def(
           "allocate",
-          [](Arena& a, std::size_t size, StreamId stream) { return to_int(a.allocate(size, stream)); },
-          py::arg("size"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>())
+          [](Arena& a, const py::object& size, const py::object& stream) {
+            const std::uint64_t n = to_uint64(size, "Arena.allocate()", "size");
+            const StreamId s = to_uint64(stream, "Arena.allocate()", "stream");
+            py::gil_scoped_release no_gil;
+            return to_int(a.allocate(n, s));
+          },
+          py::arg("size"), py::arg("stream") = 0)
       .def(
-          "deallocate", [](Arena& a, std::uintptr_t p) { a.deallocate(to_ptr(p)); }, py::arg("ptr"),
-          py::call_guard<py::gil_scoped_release>())
+          "deallocate",
+          [](Arena& a, const py::object& ptr) {
+            void* p = to_ptr(to_uint64(ptr, "Arena.deallocate()", "ptr"));
+            py::gil_scoped_release no_gil;
+            a.deallocate(p);
+          },
+          py::arg("ptr"))
       .def(
-          "record_stream", [](Arena& a, std::uintptr_t p, StreamId s) { a.record_stream(to_ptr(p), s); },
+          "record_stream",
+          [](Arena& a, const py::object& ptr, const py::object& stream) {
+            a.record_stream(to_ptr(to_uint64(ptr, "Arena.record_stream()", "ptr")),
+                            to_uint64(stream, "Arena.record_stream()", "stream"));
+          },
           py::arg("ptr"), py::arg("stream"))
       .def("empty_cache", &Arena::empty_cache, py::call_guard<py::gil_scoped_release>())
       .def("sync_point", &Arena::sync_point, py::call_guard<py::gil_scoped_release>())
@@ -216,7 +232,12 @@ void bind_arena(py::module_& m) {
           "snapshot", [](const Arena& a, int device) { return snapshot_list(a.snapshot(), device); },
           py::arg("device") = 0)
       .def("largest_free_block", &Arena::largest_free_block)
-      .def("block_size", [](const Arena& a, std::uintptr_t p) { return a.block_size(to_ptr(p)); })
+      .def(
+          "block_size",
+          [](const Arena& a, const py::object& ptr) {
+            return a.block_size(to_ptr(to_uint64(ptr, "Arena.block_size()", "ptr")));
+          },
+          py::arg("ptr"))
       .def("check_invariants", &Arena::check_invariants)
       .def("flush_cache", &Arena::flush_cache, py::call_guard<py::gil_scoped_release>(),
            "Frees the blocks of the free cache for real (merged with their free neighbours and "

@@ -8,7 +8,9 @@
 // DeviceError -> RuntimeError, std::invalid_argument -> ValueError.
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <exception>
+#include <string>
 
 #include "core/debug.h"
 #include "core/errors.h"
@@ -38,6 +40,31 @@ void bind_errors(py::module_& m) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
   });
+}
+
+std::uint64_t to_uint64(const py::handle& value, const char* call, const char* name) {
+  PyObject* v = value.ptr();
+  const std::string type_name = Py_TYPE(v)->tp_name;
+  if (PyBool_Check(v)) {
+    throw py::type_error(std::string(call) + ": " + name + " must be an int, not bool");
+  }
+  // PyNumber_Index: ints and what defines __index__ (numpy integers).
+  const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(v));
+  if (!index) {
+    PyErr_Clear();
+    throw py::type_error(std::string(call) + ": " + name + " must be an int, not " + type_name);
+  }
+  const std::string text = py::str(index);
+  if (PyObject_RichCompareBool(index.ptr(), py::int_(0).ptr(), Py_LT) == 1) {
+    throw py::value_error(std::string(call) + ": " + name + " must be >= 0, got " + text);
+  }
+  const unsigned long long out = PyLong_AsUnsignedLongLong(index.ptr());
+  if (out == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error(std::string(call) + ": " + name + " " + text +
+                          " does not fit in 64 bits");
+  }
+  return static_cast<std::uint64_t>(out);
 }
 
 void bind_cpu_allocator(py::module_& m) {
