@@ -73,3 +73,58 @@ def test_run_plot_of_a_short_script(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"memory over time drawn to {png}" in r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+AS_PYTHON = r"""
+import json, os, sys
+here = os.path.dirname(__file__)
+os.chdir("/")
+with open(os.path.join(here, "beside.txt")) as f:  # a file next to the script, after a chdir
+    beside = f.read()
+print(json.dumps({"file": __file__, "argv": sys.argv, "path0": sys.path[0], "beside": beside}))
+"""
+
+
+def test_run_gives_the_program_what_python_gives_it(tmp_path):
+    # Under run, __file__ was the path as given (relative), so a script that changed directory
+    # could not find its own files; and a "--" after the script was dropped from its argv.
+    (tmp_path / "prog.py").write_text(AS_PYTHON)
+    (tmp_path / "beside.txt").write_text("here")
+    seen = {}
+    for who, cmd in (("python", [sys.executable]), ("run", [sys.executable, "-m", "torch_renaissance", "run"])):
+        r = subprocess.run([*cmd, "prog.py", "--", "--lr", "0.1"], capture_output=True, text=True,
+                           env=clean_env(), cwd=str(tmp_path), timeout=300)
+        assert r.returncode == 0, (who, r.stderr)
+        seen[who] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["run"] == seen["python"]
+    assert seen["run"] == {"file": str(tmp_path / "prog.py"), "argv": ["prog.py", "--", "--lr", "0.1"],
+                           "path0": str(tmp_path), "beside": "here"}
+
+
+def test_a_program_that_ends_by_os_exit_leaves_a_report_saying_so(tmp_path):
+    # The report file was left empty (not JSON), or an earlier run's report was left in place.
+    prog = tmp_path / "quit.py"
+    prog.write_text("import os, torch\nx = torch.ones(1000)\nos._exit(7)\n")
+    out = tmp_path / "r.json"
+    out.write_text('{"earlier": "run"}')
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(out), str(prog)],
+                       capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert r.returncode == 7, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["complete"] is False and "os._exit()" in rep["reason"]
+
+
+def test_steady_reason_says_planning_is_off(tmp_path):
+    prog = tmp_path / "train.py"
+    prog.write_text("import torch\nm = torch.nn.Linear(8, 8)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                    "for _ in range(5):\n    m(torch.randn(4, 8)).sum().backward()\n    opt.step()\n"
+                    "    opt.zero_grad()\n")
+    out = tmp_path / "r.json"
+    env = clean_env()
+    env["TORCH_RENAISSANCE_CONF"] = "planning:False"
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(out), str(prog)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["step_boundaries"] == 5 and rep["planned_steps"] == 0
+    assert rep["steady_reason"] == "planning is off (planning:False): the dynamic pool served every step"

@@ -345,15 +345,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     report_file = _open_report(args.report) if args.report else None
     if report_file is False:
         return 2
+    # Everything after the program is its own, "--" included, as with python
+    # (main's _split_run ends run's options at the program).
     script_args = list(args.args)
-    if module is None and script_args[:1] == ["--"]:
-        script_args = script_args[1:]
     if module:
         sys.argv = [module] + script_args
         sys.path.insert(0, os.getcwd())
     else:
+        # As python: argv[0] as given, __file__ absolute (python >= 3.9), the
+        # script's folder, symbolic links resolved, first on sys.path.
         sys.argv = [script] + script_args
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     code = 0
     stop = threading.Event()
     sampler = None
@@ -373,10 +375,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise ValueError(f"step_on: {own}")
             tr.step_on(name, devices[0], on_step_end=rec.boundary)
         ran[0] = True
+        if report_file:
+            _write_unfinished(report_file)
         if module:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(script, run_name="__main__")
+            _run_script(script)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
@@ -416,6 +420,33 @@ def cmd_run(args: argparse.Namespace) -> int:
                 except OSError:
                     pass
     return code
+
+
+def _run_script(script: str) -> None:
+    """Runs a script file as ``python SCRIPT`` does: in a fresh ``__main__`` module
+    with an absolute ``__file__`` (python >= 3.9) and code named by it (tracebacks),
+    a ``SourceFileLoader`` as ``__loader__``, ``__spec__`` None, and ``sys.argv[0]``
+    left as given (``runpy.run_path`` sets both ``__file__`` and ``argv[0]`` to the one
+    path it is given). The caller put the script's folder on ``sys.path``."""
+    import builtins
+    import importlib.machinery
+    import io
+    import types
+
+    path = os.path.abspath(script)
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+                         __builtins__=builtins)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def _program_problem(module: Optional[str], script: Optional[str]) -> Optional[str]:
@@ -625,6 +656,28 @@ def _open_output(command: str, flag: str, path: str, consequence: str):
 def _open_report(path: str):
     """``--report PATH`` opened before the script runs; False: the script does not run."""
     return _open_output("run", "--report", path, "the script was not run")
+
+
+UNFINISHED_REPORT = {
+    "complete": False,
+    "reason": "the program ended without returning to torch-renaissance run (os._exit(), a "
+              "signal or a crash); no memory report was made",
+}
+
+
+def _write_unfinished(f) -> None:
+    """Puts :data:`UNFINISHED_REPORT` in a regular ``--report`` file as the program starts,
+    so that a program ending where run cannot follow (``os._exit()``, a signal) leaves
+    valid JSON saying so, not an empty file or an earlier run's report; the report
+    replaces it when the program returns. Pipes and FIFOs get only the report."""
+    try:
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            f.seek(0)
+            f.truncate()
+            json.dump(UNFINISHED_REPORT, f)
+            f.flush()
+    except OSError:
+        pass  # the report's own write says what is wrong
 
 
 def _write_json(f, data, code: int, command: str = "run", flag: str = "--report") -> int:

@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from torch_renaissance.extension import extension as _ext
-from torch_renaissance.installer import as_torch_device, get_arena, is_installed, resolve_device
+from torch_renaissance.installer import (as_torch_device, get_arena, installed_config, installed_device,
+                                         is_installed, resolve_device)
 
 
 def _flatten(prefix: str, value: Any, out: list) -> None:
@@ -271,6 +272,16 @@ def where_reserved(device: Any = None) -> dict:
     return out
 
 
+def _unplanned_reason(device: Any) -> str:
+    try:
+        cfg = installed_config(installed_device(device))
+    except RuntimeError:
+        cfg = None
+    if cfg is not None and not cfg.planning:
+        return "planning is off (planning:False): the dynamic pool served every step"
+    return "no step was planned (no step boundary seen, or fewer than 3 steps)"
+
+
 def report(device: Any = None, step_times: Optional[list] = None,
            earlier_peaks: Optional[tuple] = None, steady_reason: Optional[str] = None) -> dict:
     """The numbers ``torch-renaissance run`` prints, as a dict (bytes, seconds).
@@ -306,7 +317,7 @@ def report(device: Any = None, step_times: Optional[list] = None,
     later = times[1:] if len(times) > 1 else times
     reason = None
     if not planned:
-        reason = steady_reason or "no step was planned (no step boundary seen, or fewer than 3 steps)"
+        reason = steady_reason or _unplanned_reason(device)
     elif not steady:
         reason = steady_reason or "the run ended before a step after the first replayed one"
     ratio = lambda a, b: (a / b) if (a is not None and b) else None
