@@ -77,3 +77,27 @@ def test_every_device_stat_of_the_installed_torch_has_its_key(C):
     s = C.Arena(C.HostDevice()).stats()
     missing = sorted(f for f in fields if f not in s)
     assert missing == [], f"DeviceStats fields without a stats key: {missing}"
+
+
+def test_largest_load_is_over_every_key_not_the_current_layout(C):
+    # A serving loop whose last step was its smallest: the report's LOAD was that step's.
+    MiB = 2**20
+    a = C.Arena(C.HostDevice())
+
+    def big():
+        p, q = a.allocate(MiB), a.allocate(2 * MiB)  # both live: LOAD 3 MiB
+        a.deallocate(p)
+        a.deallocate(q)
+
+    def small():
+        a.deallocate(a.allocate(MiB // 2))
+
+    for _ in range(4):
+        for key, body in ((1, big), (2, small)):
+            a.begin_step(key)
+            body()
+            a.end_step()
+    r = a.stats()["renaissance"]
+    assert r["layouts"] == 2, r
+    assert r["load_bytes"] == MiB // 2  # the current layout: key 2's
+    assert r["largest_load_bytes"] == 3 * MiB

@@ -86,7 +86,9 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     planned steps served at their planned offset / not matching the trace /
     matching but blocked by a live block), ``plan_bytes`` (planned territory),
     ``step_and_persistent_load_bytes`` (LOAD of the step plus the persistent
-    bytes live at plan time; old name ``load_bytes``), ``step_load_bytes`` (the
+    bytes live at plan time, of the current layout; old name ``load_bytes``),
+    ``largest_load_bytes`` (the largest of those over every layout kept: steps
+    of every key and variant), ``step_load_bytes`` (the
     LOAD of the step's planned buffers alone), ``plan_over_step_load_and_obstacles``
     (planned territory over the LOAD of the step's buffers plus the obstacles
     inside it; old name ``plan_over_load``), ``variants``, ``layouts``, ``address_stability``
@@ -297,10 +299,11 @@ def report(device: Any = None, step_times: Optional[list] = None,
             ``steady_reason`` says why in one line.
         steady_reason: that line (default: a generic one).
 
-    ``load_bytes`` is LOAD, a lower bound: the largest LOAD of one planned
-    step (over the variants of the current layout) plus the bytes live
-    outside the step when it was planned; ``plan_bytes`` is the planned
-    territory, which can be larger (obstacles, variants sharing slots).
+    ``load_bytes`` is LOAD, a lower bound: the largest, over every layout
+    kept (every key and variant), of one planned step's LOAD plus the bytes
+    live outside the step when it was planned (``renaissance.largest_load_bytes``);
+    ``plan_bytes`` is the current layout's planned territory, which can be
+    larger (obstacles, variants sharing slots).
     """
     s = memory_stats(device)
     now_alloc = s["allocated_bytes.all.peak"]
@@ -310,7 +313,9 @@ def report(device: Any = None, step_times: Optional[list] = None,
     peak_alloc = max(early_alloc, now_alloc)
     peak_res = max(early_res, now_res)
     planned = s["renaissance.planned_steps"] > 0
-    load = s["renaissance.load_bytes"] if planned else 0
+    # The run's LOAD: the largest over every layout (keys, variants), not the
+    # current one's (a serving loop's last step may be its smallest).
+    load = s["renaissance.largest_load_bytes"] if planned else 0
     times = list(step_times or [])
     # The first interval (from the install to the first boundary) holds the
     # script's start-up; the mean is over the steps after it.

@@ -167,6 +167,7 @@ struct PlanStats {
   std::int64_t layouts = 0;         // layouts (structures) kept now
   std::int64_t plan_bytes = 0;      // planned territory of the current layout
   std::int64_t load_bytes = 0;      // step LOAD + bytes live outside the step at plan time
+  std::int64_t largest_load_bytes = 0;  // the largest load_bytes over every layout kept (all keys)
   std::int64_t step_load_bytes = 0; // LOAD of the step's planned buffers alone (largest over the layout's variants)
   std::int64_t layout_load_bytes = 0;  // LOAD of the layout's merged problem (max sizes over its variants)
   std::int64_t pinned_bytes = 0;  // live-outs of the recorded step pinned where they stood (alternating layouts)

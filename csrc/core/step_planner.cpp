@@ -103,6 +103,13 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   if (!b) {
     ++stats_.planned_conflicts;
     ++step_conflicts_;
+    if (step_conflicts_ >= kConflictLimit &&
+        step_conflicts_ * kConflictShare >= cur_hits_) {
+      // Its buffers live where the plan has others: not the planned step.
+      missed_ = true;
+      replaying_ = false;
+      territory_.demote(territory_.of(active_->stream));
+    }
     return nullptr;
   }
   ++stats_.planned_hits;
@@ -981,6 +988,9 @@ PlanStats StepPlanner::stats() const {
   PlanStats s = stats_;
   s.variants = static_cast<std::int64_t>(variants_.size());
   s.layouts = static_cast<std::int64_t>(layouts_.size());
+  for (const auto& k : layouts_) {
+    s.largest_load_bytes = std::max(s.largest_load_bytes, static_cast<std::int64_t>(k->load + k->persistent));
+  }
   const Layout* l = active_ ? active_ : most_recent_layout(nullptr);
   if (l) {
     s.plan_bytes = static_cast<std::int64_t>(l->top);

@@ -199,6 +199,11 @@ class StepPlanner {
   bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream, bool exact = false);
   // The first requests of a step that look for a layout with exact sizes.
   static constexpr std::size_t kChooseWindow = 16;
+  // A replay that conflicts this often (and on more than one in
+  // kConflictShare of its placements) is not the plan's step: the rest of it
+  // is served dynamically, with the territory handed back, as after a miss.
+  static constexpr int kConflictLimit = 16;
+  static constexpr int kConflictShare = 8;
   bool activate_territory();
   // Makes `stream`'s territory exactly the highest top of its layouts
   // (lowering it when the old layouts were larger); none when it has none.

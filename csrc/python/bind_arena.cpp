@@ -80,6 +80,8 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   // plan_over_step_load_and_obstacles is computed in torch_renaissance/stats.py.
   r["step_and_persistent_load_bytes"] = p.load_bytes;
   r["load_bytes"] = p.load_bytes;  // alias of step_and_persistent_load_bytes
+  // The largest of them over every layout kept (steps of other keys too).
+  r["largest_load_bytes"] = p.largest_load_bytes;
   r["step_load_bytes"] = p.step_load_bytes;
   r["layout_load_bytes"] = p.layout_load_bytes;
   r["phases"] = p.phases;
