@@ -99,8 +99,14 @@ class Territory {
 
   // --- what is territory ---------------------------------------------------
   Segment* of(StreamId stream) const {  // nullptr: none
+    // Replay asks once per planned allocation, nearly always for the same
+    // stream: the last answer is kept (forgotten whenever by_stream_ changes).
+    if (last_valid_ && last_stream_ == stream) return last_seg_;
     auto it = by_stream_.find(stream);
-    return it == by_stream_.end() ? nullptr : it->second;
+    last_seg_ = it == by_stream_.end() ? nullptr : it->second;
+    last_stream_ = stream;
+    last_valid_ = true;
+    return last_seg_;
   }
   bool is_territory(const Segment* seg) const { return seg && of(seg->stream) == seg; }
   // b lies under the line of its stream's territory.
@@ -163,6 +169,10 @@ class Territory {
   };
   std::vector<EpochEvent> epoch_;
   std::map<StreamId, Segment*> by_stream_;  // per stream: the segment holding its territory
+  // of()'s last answer; last_valid_ is cleared by every change of by_stream_.
+  mutable bool last_valid_ = false;
+  mutable StreamId last_stream_ = 0;
+  mutable Segment* last_seg_ = nullptr;
   // Fixed segments: per stream, the territory segment a step outgrew (now
   // dynamic pool), which the next layout takes back when it can.
   std::map<StreamId, Segment*> outgrown_;
