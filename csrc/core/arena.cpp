@@ -1195,8 +1195,17 @@ void Arena::merge_free_locked(Block* b) {
   Segment* seg = b->segment;
   b->state = BlockState::kFree;
   const bool territory = seg->in_territory(b);
+  // A free territory block before b keeps its index entry (plan_free is by
+  // start address, which merging b into it does not change): only its
+  // inactive-split share is counted again with its new size.
+  bool indexed = false;
   if (Block* p = b->prev; p && p->state == BlockState::kFree && seg->in_territory(p) == territory) {
-    unindex_free_locked(p);
+    if (territory) {
+      count_inactive_locked(p, -1);
+      indexed = true;
+    } else {
+      unindex_free_locked(p);
+    }
     absorb_next_locked(p);
     b = p;
   }
@@ -1204,7 +1213,11 @@ void Arena::merge_free_locked(Block* b) {
     unindex_free_locked(n);
     absorb_next_locked(b);
   }
-  index_free_locked(b);
+  if (indexed) {
+    count_inactive_locked(b, +1);
+  } else {
+    index_free_locked(b);
+  }
   if (seg->retire && seg->live == 0 && !territory_.is_territory(seg)) release_segment_locked(seg);
 }
 

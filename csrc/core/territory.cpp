@@ -160,11 +160,16 @@ Block* Territory::place(Segment* seg, std::size_t offset, std::size_t rounded,
   Block* f = seg->plan_free.holding(p);
   if (!f || f->ptr + f->size < p + rounded) return nullptr;
   wait_epoch(stream);
-  host_.unindex_free(f);
   if (f->ptr < p) {
+    // The head [f->ptr, p) stays free and stays indexed under the same
+    // start (the index is by address): only its inactive-split share
+    // changes with its size. The tail from p is not indexed.
+    host_.count_inactive(f, -1);
     Block* t = host_.split(f, static_cast<std::size_t>(p - f->ptr));
-    host_.index_free(f);
+    host_.count_inactive(f, +1);
     f = t;
+  } else {
+    host_.unindex_free(f);
   }
   if (f->size > rounded) host_.index_free(host_.split(f, rounded));
   f->planned = true;

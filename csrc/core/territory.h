@@ -67,6 +67,10 @@ class TerritoryHost {
   // The free indexes and the tiling of a segment.
   virtual void unindex_free(Block* b) = 0;
   virtual void index_free(Block* b) = 0;
+  // A free block's share of the inactive-split stats (sign +1 / -1), for a
+  // territory block that stays indexed under its start while its size
+  // changes (place() splitting the head off the free block it uses).
+  virtual void count_inactive(const Block* b, int sign) = 0;
   virtual Block* split(Block* b, std::size_t first) = 0;  // returns the tail
   virtual void absorb_next(Block* a) = 0;
   virtual void mark_allocated(Block* b, std::size_t requested, StreamId stream) = 0;
