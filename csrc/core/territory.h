@@ -26,7 +26,8 @@
 //     CUDA-graph capture forbids: then the change waits for the capture's
 //     end (after_capture).
 //   * place() never returns memory a live block holds: the range must lie in
-//     one free block of the index (O(log n)), or it returns nullptr.
+//     one free block of the index (a bitmap lookup, territory_index.h), or
+//     it returns nullptr.
 //
 // Contract (Territory, Arena, StepPlanner):
 //   * Every method here runs with the arena's lock held (the arena's
