@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/debug.h"
 #include "core/live_map.h"
 
 namespace renaissance {
@@ -50,6 +51,7 @@ class TerritoryIndex {
 
   // The block starting at `p` must not be indexed.
   void insert(char* p, Block* b) {
+    TR_ASSERT(base_ != nullptr && p >= base_);  // set_origin first (the arena, at each new segment)
     const std::size_t u = unit_of(p);
     if (levels_.empty() || u >= bits_) grow(u + 1);
     set_bit(u);
