@@ -12,7 +12,7 @@ DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy mat
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.c' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
-.PHONY: venv build demo test test-cpp test-debug bench bench-lock check-cuda clean
+.PHONY: venv build demo test test-cpp test-debug bench bench-lock bench-replay check-cuda clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,15 @@ bench-lock: build/plan_lock_latency
 	build/plan_lock_latency 1200 3
 
 # The config table's C++ layer (core/config.h): every bad value is an error.
+# Planned replay's cost per pair in a C++ loop (for callgrind / perf):
+# benchmarks/cpp/replay_loop.cpp.
+build/replay_loop: benchmarks/cpp/replay_loop.cpp $(wildcard csrc/core/*.cpp csrc/core/*.h)
+	@mkdir -p build
+	$(CXX) -O2 -g -std=c++17 -Wall -Wextra -Werror -pthread -Icsrc $< $(CORE_HOST_SOURCES) -o $@
+
+bench-replay: build/replay_loop
+	build/replay_loop
+
 build/config_test: tests/cpp/config_test.cpp csrc/core/config.cpp csrc/core/config.h
 	@mkdir -p build
 	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/config_test.cpp \
@@ -79,8 +88,17 @@ build/fence_test: tests/cpp/fence_test.cpp csrc/core/asym_fence.cpp csrc/core/as
 	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/fence_test.cpp \
 	    csrc/core/asym_fence.cpp -o $@
 
-test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1 build/fence_test
+# The territory's free-block index (core/territory_index.h) against a std::map.
+build/territory_index_test: tests/cpp/territory_index_test.cpp csrc/core/territory_index.cpp \
+		csrc/core/territory_index.h csrc/core/live_map.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/territory_index_test.cpp \
+	    csrc/core/territory_index.cpp -o $@
+
+test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1 build/fence_test \
+		build/territory_index_test
 	build/plan_test 40
+	build/territory_index_test
 	build/config_test
 	build/fence_test
 	build/debug_test_0

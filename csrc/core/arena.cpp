@@ -745,6 +745,7 @@ Segment* Arena::expandable_segment_locked(StreamId stream, PoolKind pool, bool p
   }
   auto seg = std::make_unique<Segment>();
   seg->base = static_cast<char*>(base);
+  seg->plan_free.set_origin(seg->base, unit_);
   seg->capacity = bytes;
   seg->pool = pool;
   seg->expandable = true;
@@ -949,6 +950,7 @@ Segment* Arena::new_segment_locked(PoolKind pool, StreamId stream, std::size_t r
   ++stats_.num_device_alloc;
   auto seg = std::make_unique<Segment>();
   seg->base = static_cast<char*>(p);
+  seg->plan_free.set_origin(seg->base, unit_);
   seg->size = seg->capacity = seg->mapped_bytes = bytes;
   seg->pool = pool;
   seg->stream = stream;
@@ -1146,7 +1148,7 @@ void Arena::count_inactive_locked(const Block* b, int sign) {
 void Arena::index_free_locked(Block* b) {
   Segment* seg = b->segment;
   if (seg->in_territory(b)) {
-    seg->plan_free.emplace(b->ptr, b);
+    seg->plan_free.insert(b->ptr, b);
   } else {
     free_set(seg->pool, seg->persistent).insert(b);
   }
@@ -1193,8 +1195,17 @@ void Arena::merge_free_locked(Block* b) {
   Segment* seg = b->segment;
   b->state = BlockState::kFree;
   const bool territory = seg->in_territory(b);
+  // A free territory block before b keeps its index entry (plan_free is by
+  // start address, which merging b into it does not change): only its
+  // inactive-split share is counted again with its new size.
+  bool indexed = false;
   if (Block* p = b->prev; p && p->state == BlockState::kFree && seg->in_territory(p) == territory) {
-    unindex_free_locked(p);
+    if (territory) {
+      count_inactive_locked(p, -1);
+      indexed = true;
+    } else {
+      unindex_free_locked(p);
+    }
     absorb_next_locked(p);
     b = p;
   }
@@ -1202,7 +1213,11 @@ void Arena::merge_free_locked(Block* b) {
     unindex_free_locked(n);
     absorb_next_locked(b);
   }
-  index_free_locked(b);
+  if (indexed) {
+    count_inactive_locked(b, +1);
+  } else {
+    index_free_locked(b);
+  }
   if (seg->retire && seg->live == 0 && !territory_.is_territory(seg)) release_segment_locked(seg);
 }
 
@@ -1878,6 +1893,7 @@ void Arena::check_segment_locked(const Segment& seg, InvariantTally& t) const {
   if (seg.tail != prev) invariant_failed("segment tail is wrong");
   if (seg_live != seg.live) invariant_failed("segment live count is wrong");
   if (plan_free != seg.plan_free.size()) invariant_failed("stale entries in a territory index");
+  if (!seg.plan_free.check()) invariant_failed("a territory index is inconsistent");
 }
 
 void Arena::check_granules_locked(const Segment& seg) const {
@@ -1902,8 +1918,7 @@ void Arena::check_free_block_locked(const Segment& seg, const Block* b, const Bl
     invariant_failed("two free neighbours were not merged");
   }
   if (seg.in_territory(b)) {
-    auto f = seg.plan_free.find(b->ptr);
-    if (f == seg.plan_free.end() || f->second != b) invariant_failed("territory free block not indexed");
+    if (seg.plan_free.find(b->ptr) != b) invariant_failed("territory free block not indexed");
   } else {
     const FreeSet& s = free_set(&seg);
     if (!s.count(const_cast<Block*>(b))) invariant_failed("free block not in the best-fit index");

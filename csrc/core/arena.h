@@ -507,6 +507,7 @@ class Arena : private TerritoryHost {
   // arena's lock held.
   void unindex_free(Block* b) override { unindex_free_locked(b); }
   void index_free(Block* b) override { index_free_locked(b); }
+  void count_inactive(const Block* b, int sign) override { count_inactive_locked(b, sign); }
   Block* split(Block* b, std::size_t first) override { return split_locked(b, first); }
   void absorb_next(Block* a) override { absorb_next_locked(a); }
   void mark_allocated(Block* b, std::size_t requested, StreamId stream) override {

@@ -28,6 +28,7 @@
 
 #include "core/device.h"
 #include "core/stats.h"
+#include "core/territory_index.h"
 
 namespace renaissance {
 
@@ -89,10 +90,11 @@ struct Segment {
   Block* tail = nullptr;
   std::size_t live = 0;      // allocated + pending + cached blocks in it
   // Planned territory: [base, base + plan_top). Its free blocks are indexed
-  // by address in plan_free instead of the best-fit set. The line is moved
-  // only by Territory (territory.h); the arena's free index keeps plan_free.
+  // by address in plan_free instead of the best-fit set (territory_index.h:
+  // no allocation per block). The line is moved only by Territory
+  // (territory.h); the arena's free index keeps plan_free.
   std::size_t plan_top = 0;
-  std::map<char*, Block*> plan_free;
+  TerritoryIndex plan_free;
   // Every stream a block in it was allocated on: the streams whose work may
   // still touch its free memory, synchronized before memory is unmapped
   // (Device::unmap_used_by). Other streams' uses (record_stream) need no

@@ -131,17 +131,16 @@ void StepPlanner::on_allocated(Block* b) {
   if (!counts_thread(tag)) return;  // not part of the step (b->step stays 0)
   b->step = step_;
   b->seq = static_cast<std::int64_t>(cur_->entries.size());
-  TraceRecord e;
+  const std::size_t i = cur_->entries.size();
+  TraceRecord& e = cur_->entries.emplace_back();  // built in place (reserved by begin_step)
   e.size = b->size;
   e.stream = b->stream;
   e.alloc_time = clock_++;
   e.address = reinterpret_cast<std::uintptr_t>(b->ptr);
-  const std::size_t i = cur_->entries.size();
   if (std::uintptr_t ref = 0; reference_address(i, ref)) {
     ++cur_comparable_;
     if (ref == e.address) ++cur_same_;
   }
-  cur_->entries.push_back(std::move(e));
   cur_->threads.push_back(tag);
 }
 
@@ -236,6 +235,10 @@ void StepPlanner::begin_step(std::uint64_t key) {
   if (prev_) {
     for (std::int64_t seq : prev_->later_frees) cur_->livein_frees.emplace_back(seq, clock_++);
     prev_->later_frees.clear();
+    // A step of a key is mostly as long as the one before it: no regrowth
+    // of the trace on the allocation path.
+    cur_->entries.reserve(prev_->entries.size());
+    cur_->threads.reserve(prev_->entries.size());
   }
   active_ = most_recent_layout(&key_);
   replaying_ = active_ && activate_territory();

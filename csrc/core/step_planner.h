@@ -34,7 +34,7 @@
 //
 // Invariants:
 //   * Replay never returns memory a live block holds: the arena's placement
-//     checks the range against its free index first (O(log n)); a conflict
+//     checks the range against its free index first (territory_index.h); a conflict
 //     or a mismatch falls back to the dynamic pool and is counted.
 //   * At most `max_variants` variants are kept, least recently used out; a
 //     layout lives while one of its variants does.

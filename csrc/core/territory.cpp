@@ -58,6 +58,7 @@ bool Territory::promote(Segment* seg, std::size_t top) {
       [&](Block* b, std::size_t first) { host_.split(b, first); },
       [&](Block* a) { host_.absorb_next(a); });
   by_stream_[seg->stream] = seg;
+  last_valid_ = false;
   outgrown_.erase(seg->stream);
   adopt_pending();
   return true;
@@ -76,6 +77,7 @@ bool Territory::demote(Segment* seg) {
       [&](Block* b, std::size_t first) { host_.split(b, first); },
       [&](Block* a) { host_.absorb_next(a); });
   by_stream_.erase(seg->stream);
+  last_valid_ = false;
   if (!seg->expandable) outgrown_[seg->stream] = seg;  // the next layout's first candidate
   if (seg->retire && seg->live == 0) host_.release_segment(seg);
   return true;
@@ -153,17 +155,21 @@ Block* Territory::place(Segment* seg, std::size_t offset, std::size_t rounded,
                         std::size_t requested, StreamId stream) {
   if (offset > seg->plan_top || rounded > seg->plan_top - offset) return nullptr;
   char* p = seg->base + offset;
-  auto it = seg->plan_free.upper_bound(p);
-  if (it == seg->plan_free.begin()) return nullptr;
-  --it;
-  Block* f = it->second;
-  if (f->ptr + f->size < p + rounded) return nullptr;  // something live overlaps
+  // The free block holding p (the one with the highest start at or below
+  // it); the range must end inside it, or something live overlaps.
+  Block* f = seg->plan_free.holding(p);
+  if (!f || f->ptr + f->size < p + rounded) return nullptr;
   wait_epoch(stream);
-  host_.unindex_free(f);
   if (f->ptr < p) {
+    // The head [f->ptr, p) stays free and stays indexed under the same
+    // start (the index is by address): only its inactive-split share
+    // changes with its size. The tail from p is not indexed.
+    host_.count_inactive(f, -1);
     Block* t = host_.split(f, static_cast<std::size_t>(p - f->ptr));
-    host_.index_free(f);
+    host_.count_inactive(f, +1);
     f = t;
+  } else {
+    host_.unindex_free(f);
   }
   if (f->size > rounded) host_.index_free(host_.split(f, rounded));
   f->planned = true;
@@ -231,7 +237,10 @@ void Territory::poll_epoch() {
 }
 
 void Territory::forget(const Segment* seg) {
-  if (is_territory(seg)) by_stream_.erase(seg->stream);
+  if (is_territory(seg)) {
+    by_stream_.erase(seg->stream);
+    last_valid_ = false;
+  }
   if (auto it = outgrown_.find(seg->stream); it != outgrown_.end() && it->second == seg) {
     outgrown_.erase(it);
   }

@@ -26,7 +26,8 @@
 //     CUDA-graph capture forbids: then the change waits for the capture's
 //     end (after_capture).
 //   * place() never returns memory a live block holds: the range must lie in
-//     one free block of the index (O(log n)), or it returns nullptr.
+//     one free block of the index (a bitmap lookup, territory_index.h), or
+//     it returns nullptr.
 //
 // Contract (Territory, Arena, StepPlanner):
 //   * Every method here runs with the arena's lock held (the arena's
@@ -67,6 +68,10 @@ class TerritoryHost {
   // The free indexes and the tiling of a segment.
   virtual void unindex_free(Block* b) = 0;
   virtual void index_free(Block* b) = 0;
+  // A free block's share of the inactive-split stats (sign +1 / -1), for a
+  // territory block that stays indexed under its start while its size
+  // changes (place() splitting the head off the free block it uses).
+  virtual void count_inactive(const Block* b, int sign) = 0;
   virtual Block* split(Block* b, std::size_t first) = 0;  // returns the tail
   virtual void absorb_next(Block* a) = 0;
   virtual void mark_allocated(Block* b, std::size_t requested, StreamId stream) = 0;
@@ -99,8 +104,14 @@ class Territory {
 
   // --- what is territory ---------------------------------------------------
   Segment* of(StreamId stream) const {  // nullptr: none
+    // Replay asks once per planned allocation, nearly always for the same
+    // stream: the last answer is kept (forgotten whenever by_stream_ changes).
+    if (last_valid_ && last_stream_ == stream) return last_seg_;
     auto it = by_stream_.find(stream);
-    return it == by_stream_.end() ? nullptr : it->second;
+    last_seg_ = it == by_stream_.end() ? nullptr : it->second;
+    last_stream_ = stream;
+    last_valid_ = true;
+    return last_seg_;
   }
   bool is_territory(const Segment* seg) const { return seg && of(seg->stream) == seg; }
   // b lies under the line of its stream's territory.
@@ -163,6 +174,10 @@ class Territory {
   };
   std::vector<EpochEvent> epoch_;
   std::map<StreamId, Segment*> by_stream_;  // per stream: the segment holding its territory
+  // of()'s last answer; last_valid_ is cleared by every change of by_stream_.
+  mutable bool last_valid_ = false;
+  mutable StreamId last_stream_ = 0;
+  mutable Segment* last_seg_ = nullptr;
   // Fixed segments: per stream, the territory segment a step outgrew (now
   // dynamic pool), which the next layout takes back when it can.
   std::map<StreamId, Segment*> outgrown_;
