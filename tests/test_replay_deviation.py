@@ -19,7 +19,8 @@ its own sums, and after every step ``check_invariants()`` and that every planned
 was a hit, a conflict or a miss. From the addresses of the last two clean replays (equal:
 the plan has one phase and did not change), it predicts the conflicts of a step without
 misses or side-stream use: request j conflicts iff its planned range overlaps a live range
-when it is made. The arena must count exactly those.
+when it is made, until 16 requests conflicted on more than one per 8 hits (the rest of the
+step is then served dynamically, not replayed). The arena must count exactly those.
 """
 from __future__ import annotations
 
@@ -117,6 +118,9 @@ class Model:
         assert blocks <= s["active_bytes"]["all"]["current"] <= blocks + pend
 
 
+CONFLICT_LIMIT, CONFLICT_SHARE = 16, 8
+
+
 def run_step(model: Model, sizes, ops, key, deviation=None, rng=None, carried=(), side=0,
              planned=None):
     """One step of ``ops`` with at most one deviation; returns (addresses, carried
@@ -130,7 +134,8 @@ def run_step(model: Model, sizes, ops, key, deviation=None, rng=None, carried=()
     addr = [0] * n
     late: list = []  # (ops left, address)
     keep = []
-    predicted = 0
+    predicted = hits = 0
+    cut = False  # the arena's conflict limit (StepPlanner::kConflictLimit, kConflictShare)
     for op, i in ops:
         if op == "a":
             size = sizes[i]
@@ -138,11 +143,15 @@ def run_step(model: Model, sizes, ops, key, deviation=None, rng=None, carried=()
                 size = sizes[i] * 2 + 512
             elif i == target and deviation == "smaller":
                 size = max(1, sizes[i] - 700)
-            if planned is not None:
+            if planned is not None and not cut:
                 # The range the arena checks: the planned address, this request's bytes.
                 start = planned[i]
                 if overlaps(start, start + rounded(size), model.occupied()):
                     predicted += 1
+                    # 16 conflicts, more than one per 8 hits: the rest of the step is dynamic.
+                    cut = predicted >= CONFLICT_LIMIT and predicted * CONFLICT_SHARE >= hits
+                else:
+                    hits += 1
             addr[i] = model.alloc(size)
             if i == target and deviation == "early":
                 model.free(addr[i])
