@@ -65,6 +65,7 @@ void test_large_budget(bool timings);
 void test_search_exact(int iterations);
 void test_search_raise(int iterations);
 void test_search_memo(int iterations);
+void test_search_memo_kept(int iterations);
 void test_search_memo_minimalloc_b();
 void test_search_checks_before_split();
 void test_obstacle_plans(int iterations);
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
   test_search_raise(iterations);
   test_search_checks_before_split();
   test_search_memo(iterations);
+  test_search_memo_kept(iterations);
   test_search_memo_minimalloc_b();
   test_sweep_only_on_a_tiny_clock();
   test_bound_cases();
