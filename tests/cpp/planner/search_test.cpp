@@ -266,20 +266,17 @@ void test_search_memo_kept(int iterations) {
         compared);
 }
 
-// A MiniMalloc challenging instance (../shared/data/traces/dsa/minimalloc_X.csv,
-// skipped when absent) of `buffers` buffers at its LOAD, 1,048,576 bytes:
-// the canonical search with the pre-order `order_name` (parts re-ordered as
-// they split) finds a plan there within `node_limit` nodes.
-void check_minimalloc_at_load(char letter, std::size_t buffers, const char* order_name,
-                              std::uint64_t node_limit) {
-  namespace d = renaissance::planner::detail;
+// Reads a MiniMalloc challenging instance
+// (../shared/data/traces/dsa/minimalloc_X.csv) of `buffers` buffers whose
+// LOAD is 1,048,576 bytes into `p`; false (and a line saying so) when the
+// shared data is absent.
+bool load_minimalloc(char letter, std::size_t buffers, Problem& p) {
   const std::string path = std::string("../shared/data/traces/dsa/minimalloc_") + letter + ".csv";
   std::FILE* f = std::fopen(path.c_str(), "r");
   if (f == nullptr) {
     std::printf("plan_test: ../shared/data absent, MiniMalloc %c skipped\n", letter);
-    return;
+    return false;
   }
-  Problem p;
   char line[256];
   while (std::fgets(line, sizeof line, f) != nullptr) {
     long long id = 0, lower = 0, upper = 0, size = 0;
@@ -289,9 +286,21 @@ void check_minimalloc_at_load(char letter, std::size_t buffers, const char* orde
   std::fclose(f);
   CHECK(p.buffers.size() == buffers, "MiniMalloc %c: %zu buffers, not %zu", letter,
         p.buffers.size(), buffers);
+  CHECK(pl::load(p) == 1048576, "MiniMalloc %c: LOAD %llu", letter,
+        static_cast<unsigned long long>(pl::load(p)));
+  return true;
+}
+
+// A MiniMalloc challenging instance (skipped when absent) at its LOAD,
+// 1,048,576 bytes: the canonical search with the pre-order `order_name`
+// (parts re-ordered as they split) finds a plan there within `node_limit`
+// nodes.
+void check_minimalloc_at_load(char letter, std::size_t buffers, const char* order_name,
+                              std::uint64_t node_limit) {
+  namespace d = renaissance::planner::detail;
+  Problem p;
+  if (!load_minimalloc(letter, buffers, p)) return;
   const d::Instance inst(p);
-  CHECK(inst.load == 1048576, "MiniMalloc %c: LOAD %llu", letter,
-        static_cast<unsigned long long>(inst.load));
   const d::ObstacleMap map(inst);
   d::CanonicalSearch search(inst, map);
   std::uint64_t rng = 0;
@@ -307,6 +316,27 @@ void check_minimalloc_at_load(char letter, std::size_t buffers, const char* orde
   for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
   CHECK(pl::validate(p, full).empty() && plan_size(p, full) == 1048576,
         "MiniMalloc %c: plan invalid or not at LOAD", letter);
+}
+
+// plan() on MiniMalloc B with the default 1 s budget, clock off (the work
+// count alone, so the same plan on any machine): within +2% of LOAD, the
+// issue's target (it is at LOAD, reported optimal, since the exact
+// schedule's rounds keep their tables of failed states and it has half of
+// the early work; before, +4.98%: the rounds redid their work, and LOAD
+// took 3 s).
+void test_plan_minimalloc_b_within_1s() {
+  Problem p;
+  if (!load_minimalloc('B', 170, p)) return;
+  pl::Options o;
+  o.budget_seconds = 1.0;
+  o.clock_seconds = kNoClock;
+  const pl::Result r = pl::plan(p, o);
+  CHECK(pl::validate(p, r.offsets).empty(), "MiniMalloc B at 1 s: invalid plan");
+  CHECK(r.size <= 1048576 + 1048576 / 50, "MiniMalloc B at 1 s: %llu, more than +2%% over LOAD",
+        static_cast<unsigned long long>(r.size));
+  std::printf("plan_test: MiniMalloc B at 1 s of work: %+.3f%% over LOAD%s\n",
+              100.0 * (static_cast<double>(r.size) / 1048576.0 - 1.0),
+              r.optimal ? ", optimal" : "");
 }
 
 // MiniMalloc B with the TAW pre-order: 167,709 nodes with the table of
