@@ -19,21 +19,24 @@ namespace {
 constexpr std::size_t kFailedSlotsMax = std::size_t{1} << 18;
 // search_small's budget split over a whole instance (with the raise; the
 // peak repair's sub-searches keep half and half). exact_used <= ratio *
-// others gives the exact
-// schedule ratio / (1 + ratio) of the work: a third (0.5) for the first
-// kLateUnits (3 s of budget at planner.cpp's 1.7e8 units a second), two
-// thirds (2.0) after. Every improvement on MiniMalloc's B, D and E in the
-// first 3 s came from the ladder and the raise (their plans within 0.2 s
-// of work, the better ones at 1.2-2.6 s), while the exact schedule's
-// doubling rounds reach the node counts a plan at the bound needs (B: 168k
-// nodes with TAW, E: 507k with TWA) only after seconds: with half of
-// the budget from the start, 3 s gave B +4.98%, D +5.92%, E +7.72% (a
-// third: +2.44%, +5.40%, +7.32%), and with a third throughout, E stayed at
-// +5.96% after 10 s (half: at LOAD). The split depends on the work used
-// so far only, never on the budget, so a longer budget runs a longer
-// prefix of the same schedule.
+// others gives the exact schedule ratio / (1 + ratio) of the work: half
+// (1.0) for the first kLateUnits (3 s of budget at planner.cpp's 1.7e8
+// units a second), two thirds (2.0) after. The exact schedule's searches
+// keep their tables of failed states from round to round (one search per
+// pre-order, see CanonicalSearch::solve), so a round with a doubled node
+// limit goes on where the last one stopped instead of redoing it, and the
+// work it needs for a plan at the bound is about the sum of its three
+// pre-orders' single runs (MiniMalloc B: TAW finds LOAD in 168k nodes, 0.16
+// s of work; E: TWA in 507k, 0.41 s). Before the tables were kept, the
+// rounds redid their work and the exact schedule had a third of the first
+// 3 s (half gave B +4.98%, D +5.92%, E +7.72% at 3 s; a third B at LOAD, D
+// +5.40%, E +7.32%); with them, half gives B at LOAD within 1 s, D +5.40%
+// and E +7.72% at 3 s, and E at LOAD within 10 s. The ladder and the raise
+// find their plans early (D and E: within 0.2 s of work). The split depends
+// on the work used so far only, never on the budget, so a longer budget
+// runs a longer prefix of the same schedule.
 constexpr std::uint64_t kLateUnits = 510'000'000;
-constexpr double kEarlyRatio = 0.5;
+constexpr double kEarlyRatio = 1.0;
 constexpr double kLateRatio = 2.0;
 }  // namespace
 
@@ -91,6 +94,7 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
     std::sort(o.begin(), o.end());
     o.erase(std::unique(o.begin(), o.end()), o.end());
     merge_spans(obstacles_[i]);
+    size_ += o.size() + obstacles_[i].size() * 2;
   }
   for (std::uint32_t i = 0; i < n_; ++i) {
     for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
@@ -136,6 +140,7 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
   }
   cuts_ = initial_cuts_;
   next_.assign(static_cast<std::size_t>(ticks_) + 1, 0);
+  size_ += static_cast<std::uint64_t>(ticks_) * (8 + 2 * classes_) + 8 * n_;
 }
 
 std::uint64_t CanonicalSearch::bump(std::uint32_t item, std::uint64_t off) const {
@@ -241,12 +246,28 @@ CanonicalSearch::Status CanonicalSearch::solve(
   floor_ = initial_floor_;
   trail_.clear();
   if (memo_) {
-    // Ranks differ between pre-orders and the capacity between calls: a
-    // fresh table per solve(), as large as the node limit can fill.
+    // A failed state stays failed while the capacity is the same: its key
+    // holds each candidate's rank, and whether the parts a split leaves can
+    // be placed does not depend on their order. So the table is kept from
+    // one call to the next at one capacity (a search run again with a
+    // higher node limit meets every subtree it proved infeasible before at
+    // that subtree's root), and starts empty at another. It is as large as
+    // the node limit can fill; a kept one grows (rehashed) with the limit.
     std::size_t slots = 1024;
     while (slots < kFailedSlotsMax && slots < node_limit) slots <<= 1;
-    failed_.assign(slots, Failed{});
-    work.add(slots / 4);
+    const bool same = !failed_.empty() && capacity == memo_capacity_;
+    if (!same) {
+      failed_.assign(slots, Failed{});
+      work.add(slots / 4);
+      memo_capacity_ = capacity;
+    } else if (slots > failed_.size()) {
+      std::vector<Failed> old(slots, Failed{});
+      old.swap(failed_);
+      for (const Failed& f : old) {
+        if (f.last_off != kUnplaced) *failed_slot(f.h1, f.h2) = f;
+      }
+      work.add(slots / 4 + old.size() / 2);
+    }
   }
   memo_hits_ = 0;
   work.add(static_cast<std::uint64_t>(ticks_) * (2 + classes_) / 4 + n_);
@@ -645,11 +666,12 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
   };
   // One run of the search; returns true when the whole search should stop
   // (budget spent, or the plan at the bound).
-  auto attempt = [&](std::uint64_t cap, const std::vector<std::uint32_t>& order,
-                     const OrderKeys* keys, std::uint64_t limit, bool& found) {
+  auto attempt_with = [&](CanonicalSearch& s, std::uint64_t cap,
+                          const std::vector<std::uint32_t>& order, const OrderKeys* keys,
+                          std::uint64_t limit, bool& found) {
     found = false;
     offs = initial_offsets(inst);
-    const CanonicalSearch::Status status = search.solve(cap, order, limit, work, offs, keys);
+    const CanonicalSearch::Status status = s.solve(cap, order, limit, work, offs, keys);
     if (status == CanonicalSearch::Status::kFound) {
       found = true;
       const std::uint64_t h = std::max(detail::height(inst, offs), inst.fixed_top);
@@ -663,7 +685,17 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     }
     return work.out() || height <= lb;
   };
-  // Three schedules share the budget, the exact one a third of the first
+  auto attempt = [&](std::uint64_t cap, const std::vector<std::uint32_t>& order,
+                     const OrderKeys* keys, std::uint64_t limit, bool& found) {
+    return attempt_with(search, cap, order, keys, limit, found);
+  };
+  // The exact schedule's searches, one per pre-order, each keeping its
+  // table of failed states from round to round (see CanonicalSearch::solve):
+  // a round with a doubled node limit then skips what the last one proved
+  // infeasible, instead of searching it again.
+  std::vector<CanonicalSearch> exact_search(kExactKeys, search);
+  work.add(kExactKeys * search.size());
+  // Three schedules share the budget, the exact one half of the first
   // kLateUnits and two thirds after (half and half without the raise), the
   // other two the rest, each run next by whichever has used least of its
   // share:
@@ -671,6 +703,8 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
   //    pre-orders, each part re-ordered as the search splits it, under a
   //    node limit doubling every round (n, 2n, 4n, ...), so that a hard
   //    instance whose bound is reachable gets runs as long as the budget;
+  //    each pre-order's search keeps its table of failed states, so a
+  //    round goes on from where the last one stopped;
   //  * raise: the same pre-orders and doubling limits as a capacity-targeted
   //    decision search: each pre-order asks "is there a plan of height H?"
   //    for H = the bound plus one step (0.5% of the bound), then H raised a
@@ -707,16 +741,16 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     bool found = false;
     const bool ladder_open = height > lb + 1 && next_target() > lb;
     const bool raise_open = raise && level_cap(1) != kUnplaced;
-    // The exact schedule gets a third of the first kLateUnits of work and
-    // two thirds after, the other two share the rest (see kLateUnits).
+    // The exact schedule gets half of the first kLateUnits of work and two
+    // thirds after, the other two share the rest (see kLateUnits).
     const std::uint64_t others = (ladder_open ? ladder_used : 0) + (raise_open ? raise_used : 0);
     // exact_used <= r * others gives the exact schedule r / (1 + r).
     // The peak repair's sub-searches (no raise) keep half and half.
     const double ratio = !raise ? 1.0 : before - start_used < kLateUnits ? kEarlyRatio : kLateRatio;
     if ((!ladder_open && !raise_open) ||
         static_cast<double>(exact_used) <= ratio * static_cast<double>(others)) {
-      const bool stop = attempt(lb, fixed_orders[exact_k], &fixed_keys[exact_k],
-                                round_limit(exact_round), found);
+      const bool stop = attempt_with(exact_search[exact_k], lb, fixed_orders[exact_k],
+                                     &fixed_keys[exact_k], round_limit(exact_round), found);
       exact_used += work.used() - before;
       if (stop) return;
       if (++exact_k == kExactKeys) {

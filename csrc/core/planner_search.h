@@ -19,7 +19,8 @@
 //   * failed states: the subtree below a node is a function of its
 //     candidates (item, lowest offset, rank), its time range and the
 //     canonical constraint (last offset, rank); a table of states proved
-//     infeasible (two 64-bit hashes, lossy, per solve()) prunes a state
+//     infeasible (two 64-bit hashes, lossy, kept from one solve() to the
+//     next while the capacity stays the same) prunes a state
 //     met again under a constraint no weaker than the one it failed under
 //     (placements that differ below but leave the unplaced buffers the same
 //     lowest offsets);
@@ -76,6 +77,9 @@ class CanonicalSearch {
 
   // (Free piece, fixed piece) pairs overlapping in time, seen when built.
   std::uint64_t obstacle_pairs() const { return obstacle_pairs_; }
+  // About the words a copy of this search holds: its overlap and obstacle
+  // lists, and per tick its profile (so a copy costs about that much work).
+  std::uint64_t size() const { return size_; }
   // Nodes visited by the last solve().
   std::uint64_t nodes() const { return nodes_; }
   // States the last solve() found in its table of failed ones.
@@ -174,20 +178,24 @@ class CanonicalSearch {
   std::uint32_t initial_multi_ = 0;
   std::vector<std::uint64_t> initial_total_, initial_rem_, initial_min_off_, initial_floor_;
   std::vector<Failed> failed_;       // lossy table, direct mapped, 4-way
+  std::uint64_t memo_capacity_ = 0;  // the capacity failed_ holds states for
   bool memo_ = true;
   std::uint64_t memo_hits_ = 0;
   std::vector<std::int32_t> next_;  // check(): next tick not yet settled
   const OrderKeys* rerank_ = nullptr;
   std::vector<double> part_t_;      // solve_parts(): T per item of a part
   std::uint64_t obstacle_pairs_ = 0;
+  std::uint64_t size_ = 0;
 };
 
 // search_small: two schedules over the canonical search share the budget
-// (the exact one half of it; with the raise below, a third of the first 3 s
+// (the exact one half of it; with the raise below, half of the first 3 s
 // of work and two thirds after; whichever has used less of its share runs
 // next): MiniMalloc's round robin at the lower
 // bound (its WAT, TAW, TWA pre-orders, each part re-ordered as the search
-// splits it, node limits n, 2n, 4n, ... without cap), and a ladder with
+// splits it, node limits n, 2n, 4n, ... without cap; each pre-order's
+// search keeps its table of failed states, so a round does not redo the
+// subtrees the last one proved infeasible), and a ladder with
 // restarts (five fixed pre-orders and seeded perturbations of them, node
 // limits n times the Luby sequence), each run one 0.5% step below the best
 // height so far (halfway to the bound when closer), descending while the

@@ -39,7 +39,12 @@
 //   * the canonical search with parts re-ordered as it splits them
 //     (OrderKeys) is still exact on tiny instances;
 //   * it finds MiniMalloc's instance E (../shared/data) at LOAD within
-//     700,000 nodes (regression: the section bounds before a split).
+//     700,000 nodes (regression: the section bounds before a split), and
+//     B within 180,000 (the table of failed states);
+//   * the table of failed states, kept from one solve() to the next at one
+//     capacity, changes no verdict (a table-free reference, capacities,
+//     orders and keys interleaved at random); plan() puts MiniMalloc B
+//     within +2% of LOAD in 1 s of work (clock off).
 //   With --timings only (wall time depends on the machine and its load):
 //   plan() returns within budget + 0.1 s on those steps with budget 0.25
 //   (regression: 13-63 s once; 2 x budget + 0.25 s was the old cap) and
@@ -65,7 +70,9 @@ void test_large_budget(bool timings);
 void test_search_exact(int iterations);
 void test_search_raise(int iterations);
 void test_search_memo(int iterations);
+void test_search_memo_kept(int iterations);
 void test_search_memo_minimalloc_b();
+void test_plan_minimalloc_b_within_1s();
 void test_search_checks_before_split();
 void test_obstacle_plans(int iterations);
 void test_obstacle_exact(int iterations);
@@ -102,7 +109,9 @@ int main(int argc, char** argv) {
   test_search_raise(iterations);
   test_search_checks_before_split();
   test_search_memo(iterations);
+  test_search_memo_kept(iterations);
   test_search_memo_minimalloc_b();
+  test_plan_minimalloc_b_within_1s();
   test_sweep_only_on_a_tiny_clock();
   test_bound_cases();
   test_obstacle_plans(iterations);

@@ -160,20 +160,123 @@ void test_search_memo(int iterations) {
   CHECK(hits > 0, "memo: the table of failed states was never used (%d searches)", compared);
 }
 
-// A MiniMalloc challenging instance (../shared/data/traces/dsa/minimalloc_X.csv,
-// skipped when absent) of `buffers` buffers at its LOAD, 1,048,576 bytes:
-// the canonical search with the pre-order `order_name` (parts re-ordered as
-// they split) finds a plan there within `node_limit` nodes.
-void check_minimalloc_at_load(char letter, std::size_t buffers, const char* order_name,
-                              std::uint64_t node_limit) {
+// The table of failed states kept from one solve() to the next (same
+// capacity, pre-order and re-ordering keys; emptied when any differs) changes
+// no verdict: on random instances of 8-16 buffers (some cyclic, some with
+// obstacles), one search object is asked capacities from LOAD up to the
+// first feasible one in a shuffled sequence, under four (pre-order,
+// re-ordering keys) pairs (two pre-orders without re-ordering, one with
+// each of two keys) and small node limits doubling after every aborted
+// call, as search_small's rounds do; each verdict other than "aborted" must
+// equal that of a fresh search without the table and without a node limit
+// (the reference), so a table carried over to another capacity or order
+// or keys (whose entries do not hold there) would show as a wrong
+// "infeasible".
+// The carried table must be used: hits in calls that were not the first for
+// their (capacity, order), summed over the run.
+void test_search_memo_kept(int iterations) {
   namespace d = renaissance::planner::detail;
+  Gen g(23);
+  std::uint64_t carried_hits = 0;
+  int compared = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const Problem p = g.problem(static_cast<int>(g.uni(8, 16)), g.uni(4, 12), it % 3 == 1,
+                                it % 4 == 0 ? 2 : 0, 0);
+    const d::Instance inst(p);
+    if (inst.num_free < 2) continue;
+    const d::ObstacleMap map(inst);
+    d::CanonicalSearch kept(inst, map), ref(inst, map);
+    ref.set_failure_memo(false);
+    constexpr int kConfigs = 4;
+    const std::vector<std::uint32_t> o0 = shuffled_order(inst.num_free, g);
+    const std::vector<std::uint32_t> o1 = shuffled_order(inst.num_free, g);
+    std::uint64_t rng = static_cast<std::uint64_t>(it);
+    const d::OrderKeys twa = d::order_keys(inst, "TWA", 0.0, rng);
+    const d::OrderKeys wat = d::order_keys(inst, "WAT", 0.0, rng);
+    const std::vector<std::uint32_t>* orders[kConfigs] = {&o0, &o1, &o0, &o0};
+    const d::OrderKeys* rerank[kConfigs] = {nullptr, nullptr, &twa, &wat};
+    // Capacities from LOAD up to the first feasible one (the reference
+    // decides; a search too long for it ends the range).
+    std::vector<std::uint64_t> caps;
+    std::vector<d::CanonicalSearch::Status> verdict[kConfigs];
+    for (std::uint64_t cap = std::max(inst.load, inst.fixed_top); caps.size() < 6; ++cap) {
+      d::CanonicalSearch::Status v[kConfigs];
+      bool aborted = false;
+      for (int o = 0; o < kConfigs; ++o) {
+        d::Work w(std::numeric_limits<std::uint64_t>::max(), 600.0);
+        std::vector<std::uint64_t> offs = d::initial_offsets(inst);
+        v[o] = ref.solve(cap, *orders[o], 400000, w, offs, rerank[o]);
+        aborted |= v[o] == d::CanonicalSearch::Status::kAborted;
+      }
+      if (aborted) break;
+      caps.push_back(cap);
+      for (int o = 0; o < kConfigs; ++o) verdict[o].push_back(v[o]);
+      if (v[0] == d::CanonicalSearch::Status::kFound) break;
+    }
+    if (caps.empty()) continue;
+    // (capacity index, order) pairs, each asked until it gives a verdict,
+    // interleaved at random; a pair's limit doubles after each abort.
+    struct Ask {
+      std::size_t cap;
+      int order;
+      std::uint64_t limit;
+      int calls;
+      bool done;
+    };
+    std::vector<Ask> asks;
+    for (std::size_t c = 0; c < caps.size(); ++c) {
+      for (int o = 0; o < kConfigs; ++o) asks.push_back({c, o, 2, 0, false});
+    }
+    for (std::size_t left = asks.size(); left > 0;) {
+      Ask& a = asks[static_cast<std::size_t>(g.uni(0, static_cast<std::int64_t>(asks.size()) - 1))];
+      if (a.done) continue;
+      // Repeat the same pair a few times in a row too (the table is kept
+      // only then).
+      for (int rep = static_cast<int>(g.uni(1, 3)); rep > 0 && !a.done; --rep) {
+        d::Work w(std::numeric_limits<std::uint64_t>::max(), 600.0);
+        std::vector<std::uint64_t> offs = d::initial_offsets(inst);
+        const auto got =
+            kept.solve(caps[a.cap], *orders[a.order], a.limit, w, offs, rerank[a.order]);
+        if (a.calls++ > 0) carried_hits += kept.memo_hits();
+        if (got == d::CanonicalSearch::Status::kAborted) {
+          a.limit *= 2;
+          continue;
+        }
+        a.done = true;
+        --left;
+        ++compared;
+        CHECK(got == verdict[a.order][a.cap],
+              "kept memo: verdict %d vs %d (reference) at capacity %llu, order %d, call %d "
+              "(iteration %d)",
+              static_cast<int>(got), static_cast<int>(verdict[a.order][a.cap]),
+              static_cast<unsigned long long>(caps[a.cap]), a.order, a.calls, it);
+        if (got != d::CanonicalSearch::Status::kFound) continue;
+        std::vector<std::uint64_t> full(p.buffers.size(), 0);
+        for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
+        CHECK(pl::validate(p, full).empty() && plan_size(p, full) <= caps[a.cap],
+              "kept memo: plan invalid or above %llu (iteration %d)",
+              static_cast<unsigned long long>(caps[a.cap]), it);
+      }
+    }
+  }
+  std::printf("plan_test: kept memo: %d verdicts compared, %llu hits carried over\n", compared,
+              static_cast<unsigned long long>(carried_hits));
+  CHECK(compared >= iterations, "kept memo: only %d verdicts compared", compared);
+  CHECK(carried_hits > 0, "kept memo: no state found failed by an earlier call (%d verdicts)",
+        compared);
+}
+
+// Reads a MiniMalloc challenging instance
+// (../shared/data/traces/dsa/minimalloc_X.csv) of `buffers` buffers whose
+// LOAD is 1,048,576 bytes into `p`; false (and a line saying so) when the
+// shared data is absent.
+bool load_minimalloc(char letter, std::size_t buffers, Problem& p) {
   const std::string path = std::string("../shared/data/traces/dsa/minimalloc_") + letter + ".csv";
   std::FILE* f = std::fopen(path.c_str(), "r");
   if (f == nullptr) {
     std::printf("plan_test: ../shared/data absent, MiniMalloc %c skipped\n", letter);
-    return;
+    return false;
   }
-  Problem p;
   char line[256];
   while (std::fgets(line, sizeof line, f) != nullptr) {
     long long id = 0, lower = 0, upper = 0, size = 0;
@@ -183,9 +286,21 @@ void check_minimalloc_at_load(char letter, std::size_t buffers, const char* orde
   std::fclose(f);
   CHECK(p.buffers.size() == buffers, "MiniMalloc %c: %zu buffers, not %zu", letter,
         p.buffers.size(), buffers);
+  CHECK(pl::load(p) == 1048576, "MiniMalloc %c: LOAD %llu", letter,
+        static_cast<unsigned long long>(pl::load(p)));
+  return true;
+}
+
+// A MiniMalloc challenging instance (skipped when absent) at its LOAD,
+// 1,048,576 bytes: the canonical search with the pre-order `order_name`
+// (parts re-ordered as they split) finds a plan there within `node_limit`
+// nodes.
+void check_minimalloc_at_load(char letter, std::size_t buffers, const char* order_name,
+                              std::uint64_t node_limit) {
+  namespace d = renaissance::planner::detail;
+  Problem p;
+  if (!load_minimalloc(letter, buffers, p)) return;
   const d::Instance inst(p);
-  CHECK(inst.load == 1048576, "MiniMalloc %c: LOAD %llu", letter,
-        static_cast<unsigned long long>(inst.load));
   const d::ObstacleMap map(inst);
   d::CanonicalSearch search(inst, map);
   std::uint64_t rng = 0;
@@ -201,6 +316,27 @@ void check_minimalloc_at_load(char letter, std::size_t buffers, const char* orde
   for (std::uint32_t i = 0; i < inst.num_free; ++i) full[inst.buffer_of[i]] = offs[i];
   CHECK(pl::validate(p, full).empty() && plan_size(p, full) == 1048576,
         "MiniMalloc %c: plan invalid or not at LOAD", letter);
+}
+
+// plan() on MiniMalloc B with the default 1 s budget, clock off (the work
+// count alone, so the same plan on any machine): within +2% of LOAD, the
+// issue's target (it is at LOAD, reported optimal, since the exact
+// schedule's rounds keep their tables of failed states and it has half of
+// the early work; before, +4.98%: the rounds redid their work, and LOAD
+// took 3 s).
+void test_plan_minimalloc_b_within_1s() {
+  Problem p;
+  if (!load_minimalloc('B', 170, p)) return;
+  pl::Options o;
+  o.budget_seconds = 1.0;
+  o.clock_seconds = kNoClock;
+  const pl::Result r = pl::plan(p, o);
+  CHECK(pl::validate(p, r.offsets).empty(), "MiniMalloc B at 1 s: invalid plan");
+  CHECK(r.size <= 1048576 + 1048576 / 50, "MiniMalloc B at 1 s: %llu, more than +2%% over LOAD",
+        static_cast<unsigned long long>(r.size));
+  std::printf("plan_test: MiniMalloc B at 1 s of work: %+.3f%% over LOAD%s\n",
+              100.0 * (static_cast<double>(r.size) / 1048576.0 - 1.0),
+              r.optimal ? ", optimal" : "");
 }
 
 // MiniMalloc B with the TAW pre-order: 167,709 nodes with the table of
