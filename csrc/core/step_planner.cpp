@@ -91,9 +91,10 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
       // dynamic pool use the territory's free space for the rest of it. Not
       // after placing it over its neighbours' planned ranges: with every
       // size grown (a longer sequence) the first few such placements were
-      // free, and the dynamic pool then worked around them (GPT-2 lengths
-      // from [32, 256]: 1.45 x the live peak in a step that outgrew its
-      // layout after 5 of them, 1.05-1.09 where the first miss demoted).
+      // free, and the dynamic pool then worked around them (a seeded loop of
+      // tests/test_varlen.py, lengths from [32, 256]: 1.45 x the live peak in
+      // a step that outgrew its layout after 5 of them, 1.05-1.09 in its
+      // steps where the first miss demoted).
     }
     // The sequence left every layout: serve the rest of the step dynamically,
     // with the territory handed back so that nothing is held twice.
