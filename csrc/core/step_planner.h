@@ -195,6 +195,11 @@ class StepPlanner {
 
 
   bool fits(const Layout& l, std::size_t i, std::size_t rounded, StreamId stream) const;
+  // Whether slot i of `l` (this step's phase) can take `rounded` bytes, more
+  // than its size, at its offset without reaching into another planned
+  // buffer's range (either phase, any time) or above the layout's top: the
+  // rest of the plan still holds. O(slots).
+  bool room_to_grow(const Layout& l, std::size_t i, std::size_t rounded) const;
   // exact: only a layout whose slot i has exactly `rounded` bytes.
   bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream, bool exact = false);
   // The first requests of a step that look for a layout with exact sizes.
