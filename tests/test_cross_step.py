@@ -29,8 +29,8 @@ class _Loop:
     activations, makes and frees gradient temporaries).
     """
 
-    def __init__(self, C, rng: random.Random, keep_out=True, keep_batch=True):
-        self.arena = C.Arena(C.HostDevice())
+    def __init__(self, C, rng: random.Random, keep_out=True, keep_batch=True, **arena_config):
+        self.arena = C.Arena(C.HostDevice(), **arena_config)
         self.rng = rng
         self.keep_out, self.keep_batch = keep_out, keep_batch
         # Weights above 1 MiB (a smaller one would sit in a 2 MiB small-pool
@@ -242,7 +242,10 @@ class _JitterLoop(_Loop):
     PAIR = 64 * KiB
 
     def __init__(self, C, rng: random.Random, orders):
-        super().__init__(C, rng)
+        # No search (budget 0): the plan depends on the steps alone, not on
+        # the machine's load (a stopped search may or may not share a's
+        # offset with b's).
+        super().__init__(C, rng, plan_budget_seconds=0.0)
         self.orders = list(orders)  # one per step, from step 1
 
     def step(self):
