@@ -29,8 +29,8 @@ class _Loop:
     activations, makes and frees gradient temporaries).
     """
 
-    def __init__(self, C, rng: random.Random, keep_out=True, keep_batch=True):
-        self.arena = C.Arena(C.HostDevice())
+    def __init__(self, C, rng: random.Random, keep_out=True, keep_batch=True, **arena_config):
+        self.arena = C.Arena(C.HostDevice(), **arena_config)
         self.rng = rng
         self.keep_out, self.keep_batch = keep_out, keep_batch
         # Weights above 1 MiB (a smaller one would sit in a 2 MiB small-pool
@@ -228,3 +228,91 @@ def test_first_replay_runs_into_no_recorded_live_out(C, seed):
     assert r["plans"] == 1 and r["planned_steps"] == 6, r
     assert r["planned_conflicts"] == 0 and r["planned_misses"] == 0, r
     assert r["last_step_hits"] == r["last_step_allocations"]
+
+
+class _JitterLoop(_Loop):
+    """``_Loop`` with two equal temporaries in forward whose order of
+    allocation and free varies from step to step, as two threads' scratch
+    buffers of one parallel kernel do (HF Llama with two intra-op threads:
+    four such 128 B pairs per step): ``seq`` (a freed before b is made),
+    ``nested`` (b made and freed inside a's life) or ``cross`` (a freed
+    between b's allocation and free). The size sequence is the same in every
+    order; only the lifetimes differ."""
+
+    PAIR = 64 * KiB
+
+    def __init__(self, C, rng: random.Random, orders):
+        # No search (budget 0): the plan depends on the steps alone, not on
+        # the machine's load (a stopped search may or may not share a's
+        # offset with b's).
+        super().__init__(C, rng, plan_budget_seconds=0.0)
+        self.orders = list(orders)  # one per step, from step 1
+
+    def step(self):
+        a = self.arena
+        a.begin_step()
+        batch = self._alloc(self.batch_size)
+        if self.batch is not None:
+            self._free(self.batch, self.batch_size)
+        self.batch = batch
+        acts = [self._alloc(s) for s in self.acts]
+        order, n = self.orders.pop(0), self.PAIR
+        pa = self._alloc(n)
+        if order == "seq":
+            self._free(pa, n)
+            pb = self._alloc(n)
+            self._free(pb, n)
+        else:
+            pb = self._alloc(n)
+            first, second = (pb, pa) if order == "nested" else (pa, pb)
+            self._free(first, n)
+            self._free(second, n)
+        out = self._alloc(self.out_size)
+        if self.out is not None:
+            self._free(self.out, self.out_size)
+        self.out = out
+        for p, s in reversed(list(zip(acts, self.acts))):
+            g = self._alloc(self.grad_tmp)
+            self._free(p, s)
+            self._free(g, self.grad_tmp)
+        a.end_step()
+        a.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_replan_after_conflicts_replays_phase_0_first(C, seed):
+    # Steps 1-3 free the pair in sequence (the plan gives a and b one offset),
+    # steps 4 and 5 nest them: b conflicts with a in both, so the layout is
+    # planned again at the end of step 5, a phase-0 step. That plan's first
+    # replay must be its phase 0 (the step's live-outs stand where phase 0
+    # put them, and the plan treats them as phase 1's, as after recording).
+    # Before the fix step 6 replayed phase 1 and ran into the live-outs.
+    rng = random.Random(2000 + seed)
+    orders = ["seq"] * 3 + ["nested"] * 2 + [rng.choice(("seq", "nested", "cross")) for _ in range(7)]
+    loop = _JitterLoop(C, random.Random(seed), orders)
+    for _ in range(5):
+        loop.step()
+    _, _, r = _stats(loop.arena)
+    assert r["plans"] == 2 and r["planned_conflicts"] == 2, r
+    for _ in range(7):
+        loop.step()
+    _, _, r = _stats(loop.arena)
+    # The re-plan merged the nested lifetimes: no order conflicts any more.
+    assert r["plans"] == 2 and r["planned_conflicts"] == 2 and r["planned_misses"] == 0, r
+    assert r["last_step_hits"] == r["last_step_allocations"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lifetimes_seen_in_both_planned_steps_are_planned(C, seed):
+    # Step 1 nests the pair, step 2 (the step the plan is made from) frees
+    # it in sequence: a plan from step 2's lifetimes alone gives a and b one
+    # offset, and every later step that overlaps them conflicts. The plan
+    # takes each buffer's lifetime over both steps (same sizes): none does.
+    rng = random.Random(3000 + seed)
+    orders = ["nested", "seq"] + [rng.choice(("seq", "nested", "cross")) for _ in range(8)] + ["cross"]
+    loop = _JitterLoop(C, random.Random(seed), orders)
+    for _ in range(11):
+        loop.step()
+    _, _, r = _stats(loop.arena)
+    assert r["plans"] == 1 and r["planned_steps"] == 9, r
+    assert r["planned_conflicts"] == 0 and r["planned_misses"] == 0, r

@@ -710,6 +710,29 @@ std::vector<StepPlanner::PlannedBuffer> StepPlanner::derive_lifetimes(StreamId s
   return slots;
 }
 
+void StepPlanner::widen_with_previous(std::vector<PlannedBuffer>& slots, std::int64_t T) const {
+  // Lifetimes within a step are exact for one thread; with intra-op threads
+  // (two threads' scratch buffers of one kernel) the order of their
+  // allocations and frees changes from step to step while the sizes do not.
+  // The plan takes the union of what the two steps it is made from showed,
+  // so that either order replays (a later, third order conflicts, and the
+  // re-plan merges it into the layout). Only buffers that die inside the
+  // step in both (live-outs are matched by derive_lifetimes).
+  if (!prev_ || prev_->entries.size() != cur_->entries.size()) return;
+  const auto& now = cur_->entries;
+  const auto& before = prev_->entries;
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    if (now[i].size != before[i].size || now[i].stream != before[i].stream) return;
+  }
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    PlannedBuffer& s = slots[i];
+    const TraceRecord& e = before[i];
+    if (s.dynamic || now[i].free_time < 0 || e.free_time < 0 || !e.streams_used.empty()) continue;
+    s.lower = std::min(s.lower, e.alloc_time);
+    s.upper = std::min(T, std::max(s.upper, std::max(e.free_time, e.alloc_time + 1)));
+  }
+}
+
 StepPlanner::Layout* StepPlanner::merge_with_layout(std::vector<PlannedBuffer>& slots,
                                                     std::int64_t T, std::int64_t& horizon,
                                                     std::size_t& variant_load) const {
@@ -852,6 +875,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   // an event, which the dynamic pool's per-stream segments already avoid.
   const StreamId stream = cur.entries.empty() ? 0 : cur.entries.front().stream;
   std::vector<PlannedBuffer> slots = derive_lifetimes(stream, T);
+  widen_with_previous(slots, T);
   std::int64_t horizon = T;
   std::size_t variant_load = 0;
   Layout* target = merge_with_layout(slots, T, horizon, variant_load);
@@ -1016,6 +1040,17 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   key_ = job->key;
   remember_variant(layout, std::move(job->sizes));
   key_ = open_key;
+  // The plan takes the live-outs of the step it was made from for phase 1's
+  // instances (they stand where that step put them), so the next step of its
+  // key replays phase 0 (begin_step: the step after a phase-1 one). A re-plan
+  // made from a replayed phase-0 step would otherwise replay phase 1 first,
+  // into those live-outs (HF Llama, two threads: 39 conflicts and a 12 MiB
+  // larger plan after a re-plan). A step of that key opened meanwhile keeps
+  // its phase.
+  if (!open_ || key_ != job->key) {
+    auto made_from = last_by_key_.find(job->key);
+    if (made_from != last_by_key_.end()) made_from->second->phase = 1;
+  }
 
   ++stats_.plans;
   stats_.plan_seconds += job->seconds;

@@ -217,6 +217,11 @@ class StepPlanner {
   // plan_step's parts, in order. The open step's buffers with their
   // lifetimes (live-outs matched with the previous step's, see the top).
   std::vector<PlannedBuffer> derive_lifetimes(StreamId stream, std::int64_t T) const;
+  // Widens each in-step lifetime to cover the same buffer's in the step of
+  // its key before (same sizes and streams): the order of two threads'
+  // allocations and frees varies from step to step, and a plan of one
+  // order alone conflicts on the other.
+  void widen_with_previous(std::vector<PlannedBuffer>& slots, std::int64_t T) const;
   // Merges `slots` into the kept layout of the same structure whose merged
   // LOAD is lowest (within kMergeSlack); returns it (or nullptr: a layout of
   // its own), with the merged horizon and the LOAD of the steps it holds.
