@@ -328,12 +328,6 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     if (++settle_releases_ >= kSettleReleases) settle_steps_ = 0;
     view_.release_cached();
   }
-  // A plan made from this step takes its live-outs as phase 1 (where they
-  // stand), so the next step replays phase 0 (see plan_step). A step that
-  // began replaying phase 0 and then outgrew its layout would otherwise make
-  // the next one replay phase 1, onto its own live-outs: conflicts in the
-  // first replay of every re-plan after a longer length (var-len GPT-2).
-  if (job) cur_->phase = 1;
   auto& slot = last_by_key_[key_];
   if (slot) {
     cur_->prior_addresses.reserve(slot->entries.size());
@@ -1045,8 +1039,10 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   // key replays phase 0 (begin_step: the step after a phase-1 one). A re-plan
   // made from a replayed phase-0 step would otherwise replay phase 1 first,
   // into those live-outs (HF Llama, two threads: 39 conflicts and a 12 MiB
-  // larger plan after a re-plan). A step of that key opened meanwhile keeps
-  // its phase.
+  // larger plan after a re-plan; var-len GPT-2: a step that began replaying
+  // phase 0 and outgrew its layout, 2 conflicts after every such re-plan;
+  // test_varlen.py, test_cross_step.py). A step of that key opened meanwhile
+  // keeps its phase.
   if (!open_ || key_ != job->key) {
     auto made_from = last_by_key_.find(job->key);
     if (made_from != last_by_key_.end()) made_from->second->phase = 1;
