@@ -55,24 +55,37 @@ class _Loop:
         self.arena.deallocate(p)
         self.live -= n
 
-    def step(self):
-        a = self.arena
-        a.begin_step()
+    def _forward(self):
+        """The new batch (the previous one freed after it is made), then the activations."""
         batch = self._alloc(self.batch_size)
         if self.batch is not None:
             self._free(self.batch, self.batch_size)
         self.batch = batch
-        acts = [self._alloc(s) for s in self.acts]
+        return [self._alloc(s) for s in self.acts]
+
+    def _new_output(self):
+        out = self._alloc(self.out_size)
+        if self.out is not None:
+            self._free(self.out, self.out_size)
+        self.out = out
+
+    def _backward(self, acts):
+        for p, s in reversed(list(zip(acts, self.acts))):
+            g = self._alloc(self.grad_tmp)
+            self._free(p, s)
+            self._free(g, self.grad_tmp)
+
+    def step(self):
+        a = self.arena
+        a.begin_step()
+        acts = self._forward()
         out = self._alloc(self.out_size)
         tmp = self._alloc(self.out_size)
         self._free(tmp, self.out_size)
         if self.out is not None:
             self._free(self.out, self.out_size)
         self.out = out
-        for p, s in reversed(list(zip(acts, self.acts))):
-            g = self._alloc(self.grad_tmp)
-            self._free(p, s)
-            self._free(g, self.grad_tmp)
+        self._backward(acts)
         if not self.keep_out:
             self._free(self.out, self.out_size)
             self.out = None
@@ -251,11 +264,7 @@ class _JitterLoop(_Loop):
     def step(self):
         a = self.arena
         a.begin_step()
-        batch = self._alloc(self.batch_size)
-        if self.batch is not None:
-            self._free(self.batch, self.batch_size)
-        self.batch = batch
-        acts = [self._alloc(s) for s in self.acts]
+        acts = self._forward()
         order, n = self.orders.pop(0), self.PAIR
         pa = self._alloc(n)
         if order == "seq":
@@ -267,14 +276,8 @@ class _JitterLoop(_Loop):
             first, second = (pb, pa) if order == "nested" else (pa, pb)
             self._free(first, n)
             self._free(second, n)
-        out = self._alloc(self.out_size)
-        if self.out is not None:
-            self._free(self.out, self.out_size)
-        self.out = out
-        for p, s in reversed(list(zip(acts, self.acts))):
-            g = self._alloc(self.grad_tmp)
-            self._free(p, s)
-            self._free(g, self.grad_tmp)
+        self._new_output()
+        self._backward(acts)
         a.end_step()
         a.check_invariants()
 

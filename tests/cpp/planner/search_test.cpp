@@ -106,6 +106,12 @@ void test_search_raise(int iterations) {
         raised, iterations);
 }
 
+// The memo tests' instances: 8-16 buffers, every third cyclic, every fourth
+// with obstacles.
+Problem memo_problem(Gen& g, int it) {
+  return g.problem(static_cast<int>(g.uni(8, 16)), g.uni(4, 12), it % 3 == 1, it % 4 == 0 ? 2 : 0, 0);
+}
+
 // The canonical search's table of failed states changes no verdict: on
 // random instances of 8-16 buffers (some cyclic, some with obstacles), at
 // every capacity from LOAD up to the first feasible one, the search with
@@ -119,8 +125,7 @@ void test_search_memo(int iterations) {
   std::uint64_t hits = 0;
   int compared = 0;
   for (int it = 0; it < iterations; ++it) {
-    const Problem p = g.problem(static_cast<int>(g.uni(8, 16)), g.uni(4, 12), it % 3 == 1,
-                                it % 4 == 0 ? 2 : 0, 0);
+    const Problem p = memo_problem(g, it);
     const d::Instance inst(p);
     if (inst.num_free < 2) continue;
     const d::ObstacleMap map(inst);
@@ -180,8 +185,7 @@ void test_search_memo_kept(int iterations) {
   std::uint64_t carried_hits = 0;
   int compared = 0;
   for (int it = 0; it < iterations; ++it) {
-    const Problem p = g.problem(static_cast<int>(g.uni(8, 16)), g.uni(4, 12), it % 3 == 1,
-                                it % 4 == 0 ? 2 : 0, 0);
+    const Problem p = memo_problem(g, it);
     const d::Instance inst(p);
     if (inst.num_free < 2) continue;
     const d::ObstacleMap map(inst);
