@@ -245,3 +245,20 @@ def test_arena_calls_take_numpy_integers(C):
     assert a.block_size(np.uint64(p)) >= 1000
     a.deallocate(np.uint64(p))
     assert a.stats()["allocated_bytes"]["all"]["current"] == 0
+
+
+def test_arena_calls_let_errors_of_index_through(C):
+    # Only "not an integer" (TypeError) becomes the one-line message; what __index__ itself
+    # raises (KeyboardInterrupt, MemoryError, its own error) goes on unchanged.
+    class Boom:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __index__(self):
+            raise self.exc
+
+    a = C.Arena(C.HostDevice())
+    for exc in (KeyboardInterrupt(), MemoryError(), RuntimeError("boom")):
+        with pytest.raises(type(exc)):
+            a.allocate(Boom(exc))
+    assert a.stats()["allocated_bytes"]["all"]["current"] == 0

@@ -128,3 +128,66 @@ def test_steady_reason_says_planning_is_off(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["step_boundaries"] == 5 and rep["planned_steps"] == 0
     assert rep["steady_reason"] == "planning is off (planning:False): the dynamic pool served every step"
+
+
+def _both(tmp_path, args, cwd=None):
+    """(python's, run's) (exit code, stdout, stderr) for ``args``."""
+    out = []
+    for cmd in ([sys.executable], [sys.executable, "-m", "torch_renaissance", "run"]):
+        r = subprocess.run([*cmd, *args], capture_output=True, text=True, env=clean_env(),
+                           cwd=str(cwd or tmp_path), timeout=300)
+        out.append((r.returncode, r.stdout, r.stderr))
+    return out
+
+
+def test_run_runs_what_python_runs_pyc_zip_folder_and_dotdot_after_a_link(tmp_path):
+    import py_compile
+    import zipfile as zf
+
+    body = "import sys\nprint('ran', __file__, sys.argv[1:])\n"
+    (tmp_path / "src.py").write_text(body)
+    py_compile.compile(str(tmp_path / "src.py"), cfile=str(tmp_path / "comp.pyc"), doraise=True)
+    with zf.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", body)
+    (tmp_path / "pkgdir").mkdir()
+    (tmp_path / "pkgdir" / "__main__.py").write_text(body)
+    # ly -> other/y; ly/../z.py is other/z.py to the kernel (abspath would say ./z.py).
+    (tmp_path / "other" / "y").mkdir(parents=True)
+    (tmp_path / "other" / "z.py").write_text("print('right file')\n")
+    (tmp_path / "z.py").write_text("print('wrong file')\n")
+    (tmp_path / "ly").symlink_to(tmp_path / "other" / "y")
+    for args in (["comp.pyc", "a"], ["app.zip", "a"], ["pkgdir", "a"], ["ly/../z.py"]):
+        (pc, po, pe), (rc, ro, re_) = _both(tmp_path, args)
+        assert pc == 0 and rc == 0, (args, pe, re_)
+        assert ro.splitlines()[0] == po.splitlines()[0], args
+    assert _both(tmp_path, ["ly/../z.py"])[1][1].splitlines()[0] == "right file"
+
+
+def test_a_syntax_error_is_shown_as_python_shows_it(tmp_path):
+    (tmp_path / "syn.py").write_text("x = 1\ndef g(:\n    pass\n")
+    (pc, _, pe), (rc, _, re_) = _both(tmp_path, ["syn.py"])
+    assert pc == rc == 1
+    assert re_.startswith(pe), re_  # no frames of run's own before the script's error
+    assert "cli.py" not in re_
+
+
+def test_the_script_keeps_main_module_features_python_gives(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import atexit, pickle, sys\n"
+        "x: int = 1\n"
+        "print(__annotations__)\n"
+        "def f():\n    return 1\n"
+        "atexit.register(lambda: print('atexit', len(pickle.dumps(f)) > 0, sys.modules['__main__'].f is f))\n")
+    (pc, po, pe), (rc, ro, re_) = _both(tmp_path, ["m.py"])
+    assert pc == rc == 0, (pe, re_)
+    assert po.splitlines() == ["{'x': <class 'int'>}", "atexit True True"]
+    assert ro.splitlines()[:2] == po.splitlines()
+
+
+def test_report_naming_the_script_does_not_wipe_it_before_it_runs(tmp_path):
+    # The unfinished-report note goes only where a report may go (a new, empty or JSON file).
+    prog = tmp_path / "self.py"
+    prog.write_text("print('script body ran')\n")
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(prog), str(prog)],
+                       capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "script body ran", r.stderr

@@ -24,6 +24,7 @@ import runpy
 import stat
 import subprocess
 import sys
+import zipfile
 from typing import List, Optional
 
 
@@ -91,6 +92,10 @@ def _print_script_error(e: BaseException, script: Optional[str]) -> None:
     target = os.path.abspath(script) if script else None
     while target and tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
         tb = tb.tb_next
+    if tb is None and isinstance(e, SyntaxError) and target \
+            and e.filename and os.path.abspath(e.filename) == target:
+        traceback.print_exception(type(e), e, None)  # the script did not compile: as python, no frames
+        return
     traceback.print_exception(type(e), e, tb or e.__traceback__)
 
 
@@ -353,9 +358,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     else:
         # As python: argv[0] as given, __file__ absolute (python >= 3.9), the
-        # script's folder, symbolic links resolved, first on sys.path.
+        # script's folder, symbolic links resolved, first on sys.path (a zip
+        # or a folder with __main__.py: runpy puts the path itself there).
         sys.argv = [script] + script_args
-        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+        if os.path.isfile(script) and not zipfile.is_zipfile(script):
+            sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     code = 0
     stop = threading.Event()
     sampler = None
@@ -375,7 +382,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise ValueError(f"step_on: {own}")
             tr.step_on(name, devices[0], on_step_end=rec.boundary)
         ran[0] = True
-        if report_file:
+        if report_file and _may_clear_early(args.report, report_made):
             _write_unfinished(report_file)
         if module:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -422,31 +429,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _script_path(script: str) -> str:
+    """``script`` made absolute as python makes ``__file__``: joined to the working
+    directory, not normalized (``os.path.abspath`` would drop a ``..`` that follows a
+    symbolic link to a folder, naming another file than the kernel opens)."""
+    return script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+
+
 def _run_script(script: str) -> None:
-    """Runs a script file as ``python SCRIPT`` does: in a fresh ``__main__`` module
-    with an absolute ``__file__`` (python >= 3.9) and code named by it (tracebacks),
-    a ``SourceFileLoader`` as ``__loader__``, ``__spec__`` None, and ``sys.argv[0]``
-    left as given (``runpy.run_path`` sets both ``__file__`` and ``argv[0]`` to the one
-    path it is given). The caller put the script's folder on ``sys.path``."""
+    """Runs a script as ``python SCRIPT`` does. A source file runs in a fresh
+    ``__main__`` module with an absolute ``__file__`` (python >= 3.9) that names its
+    code (tracebacks), a ``SourceFileLoader`` as ``__loader__``, ``__spec__`` None, an
+    empty ``__annotations__`` and ``sys.argv[0]`` left as given; that module stays
+    ``__main__`` after it returns (atexit handlers and threads still find it).
+    ``runpy.run_path`` sets both ``__file__`` and ``argv[0]`` to the one path it is
+    given, and puts the old ``__main__`` back; it still runs what is not source (a
+    ``.pyc``, a zip application, a folder with ``__main__.py``). The caller put the
+    script's folder on ``sys.path``."""
     import builtins
     import importlib.machinery
+    import importlib.util
     import io
     import types
 
-    path = os.path.abspath(script)
+    path = _script_path(script)
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(path, run_name="__main__")
+        return
     with io.open_code(path) as f:
-        code = compile(f.read(), path, "exec", dont_inherit=True)
+        source = f.read()
+    if source[:len(importlib.util.MAGIC_NUMBER)] == importlib.util.MAGIC_NUMBER:
+        runpy.run_path(path, run_name="__main__")  # compiled: runpy reads the .pyc
+        return
+    code = compile(source, path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
                          __loader__=importlib.machinery.SourceFileLoader("__main__", path),
-                         __builtins__=builtins)
-    saved = sys.modules.get("__main__")
+                         __builtins__=builtins, __annotations__={})
     sys.modules["__main__"] = main
-    try:
-        exec(code, main.__dict__)
-    finally:
-        if saved is not None:
-            sys.modules["__main__"] = saved
+    exec(code, main.__dict__)
 
 
 def _program_problem(module: Optional[str], script: Optional[str]) -> Optional[str]:
@@ -456,8 +477,11 @@ def _program_problem(module: Optional[str], script: Optional[str]) -> Optional[s
     if script is not None:
         if not os.path.exists(script):
             return f"no such script: {script}"
+        if os.path.isdir(script) and os.path.isfile(os.path.join(script, "__main__.py")):
+            return None  # python runs a folder's __main__.py
         if not os.path.isfile(script):
-            return f"{script} is not a regular file (a directory, FIFO or device); give a Python script"
+            return (f"{script} is not a regular file (a directory without __main__.py, FIFO or "
+                    "device); give a Python script")
         return None
     try:
         _main_spec(module)
@@ -562,7 +586,8 @@ def _program_file(module: Optional[str], script: Optional[str]) -> Optional[str]
     """The file ``run`` executes as ``__main__``: the script, the ``-m`` module's file,
     or a package's ``__main__.py``; None when it cannot be found."""
     if script:
-        return os.path.abspath(script)
+        path = _script_path(script)
+        return os.path.join(path, "__main__.py") if os.path.isdir(path) else path
     try:
         spec = _main_spec(module)
     except ValueError:
@@ -663,6 +688,27 @@ UNFINISHED_REPORT = {
     "reason": "the program ended without returning to torch-renaissance run (os._exit(), a "
               "signal or a crash); no memory report was made",
 }
+
+
+def _may_clear_early(path: str, made: bool) -> bool:
+    """Whether ``--report PATH`` may hold the unfinished report while the program runs:
+    a file run made, an empty one, or one that holds JSON (an earlier report); never
+    anything else (the script itself, a module it imports, a redirected stdout)."""
+    if made:
+        return True
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        if st.st_size == 0:
+            return True
+        if st.st_size > 1 << 20:
+            return False
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _write_unfinished(f) -> None:

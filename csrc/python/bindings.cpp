@@ -51,6 +51,9 @@ std::uint64_t to_uint64(const py::handle& value, const char* call, const char* n
   // PyNumber_Index: ints and what defines __index__ (numpy integers).
   const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(v));
   if (!index) {
+    // Not an integer (TypeError); anything else __index__ raised
+    // (KeyboardInterrupt, MemoryError, its own error) goes on as it is.
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
     PyErr_Clear();
     throw py::type_error(std::string(call) + ": " + name + " must be an int, not " + type_name);
   }
