@@ -711,15 +711,28 @@ def _may_clear_early(path: str, made: bool) -> bool:
         return False
 
 
+def _rewind_if_regular(f) -> bool:
+    """Empties ``f`` and goes back to its start when it is a regular file (True); leaves
+    anything else alone (False). Not /dev/stdout, a pipe or a device: truncating /dev/full
+    fails with EINVAL and would hide the ENOSPC that writing to it gives.
+
+    Raises:
+        OSError: from ``fstat``, ``seek`` or ``truncate``.
+    """
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        return False
+    f.seek(0)
+    f.truncate()
+    return True
+
+
 def _write_unfinished(f) -> None:
     """Puts :data:`UNFINISHED_REPORT` in a regular ``--report`` file as the program starts,
     so that a program ending where run cannot follow (``os._exit()``, a signal) leaves
     valid JSON saying so, not an empty file or an earlier run's report; the report
     replaces it when the program returns. Pipes and FIFOs get only the report."""
     try:
-        if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            f.seek(0)
-            f.truncate()
+        if _rewind_if_regular(f):
             json.dump(UNFINISHED_REPORT, f)
             f.flush()
     except OSError:
@@ -731,12 +744,7 @@ def _write_json(f, data, code: int, command: str = "run", flag: str = "--report"
     when ``code`` was 0 and the file could not be written (e.g. a full disk)."""
     try:
         with f:
-            # A regular file is rewritten from its start. Not /dev/stdout, a pipe or a
-            # device: truncating /dev/full fails with EINVAL and would hide the ENOSPC
-            # that writing to it gives.
-            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                f.seek(0)
-                f.truncate()
+            _rewind_if_regular(f)
             json.dump(data, f, indent=2)
     except OSError as e:
         print(f"torch-renaissance {command}: {flag} {f.name}: cannot write: {e.strerror or e}",
