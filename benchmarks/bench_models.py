@@ -8,7 +8,7 @@ peak allocated for the whole run and for the steady state (after the first repla
 wall-time ratio of the whole processes (ours / PyTorch's, medians of the alternated runs; imports
 and model building included) and peak RSS of both.
 
-    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,cnn,mlp,gpt2-var,gpt2-compile,generate,generate-keyed]
+    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,cnn,mlp,lstm,gru,gpt2-var,gpt2-compile,generate,generate-keyed]
                                       [--steps 30] [--repeats 1]
 
 Needs ``transformers`` (models are built from configs with random init; nothing is downloaded).
@@ -34,6 +34,8 @@ ROWS = {
     "t5": ["--arch", "t5"],
     "cnn": ["--arch", "cnn", "--batch", "8"],
     "mlp": ["--arch", "mlp", "--batch", "8", "--seq", "64"],
+    "lstm": ["--arch", "lstm", "--batch", "16", "--seq", "32"],
+    "gru": ["--arch", "gru", "--batch", "16", "--seq", "32"],
     "gpt2-var": ["--arch", "gpt2", "--seq-range", "32", "256"],
     "gpt2-compile": ["--arch", "gpt2", "--compile"],
     "generate": ["--arch", "gpt2", "--generate", "16,64,128", "--new-tokens", "32", "--rounds", "4"],

@@ -17,7 +17,7 @@ import json
 import torch
 from torch import nn
 
-ARCHS = ("gpt2", "llama", "bert", "t5", "cnn", "mlp")
+ARCHS = ("gpt2", "llama", "bert", "t5", "cnn", "mlp", "lstm", "gru")
 
 
 class ResNetish(nn.Module):
@@ -57,7 +57,25 @@ class ManySmall(nn.Module):
         return self.head(x)
 
 
+class RNNLM(nn.Module):
+    """A recurrent language model (embedding, 2-layer LSTM or GRU, vocabulary head) whose
+    hidden state the loop carries from step to step, detached (truncated backpropagation
+    through time): a tensor made in one step and used by the next."""
+
+    def __init__(self, cell: str, vocab: int, d: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(d, d, num_layers=2, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x: torch.Tensor, hidden=None):
+        y, hidden = self.rnn(self.emb(x), hidden)
+        return self.head(y), hidden
+
+
 def build(arch: str, size: str, vocab: int) -> nn.Module:
+    if arch in ("lstm", "gru"):
+        return RNNLM(arch, vocab, 64 if size == "tiny" else 256)
     if arch == "mlp":
         return ManySmall(width=64 if size == "tiny" else 128, depth=24 if size == "tiny" else 48)
     if arch == "cnn":
@@ -145,6 +163,7 @@ def train(argv: list = None) -> list:
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         step_fn = torch.compile(model) if a.compile else model
+        hidden = None
         for _ in range(a.steps):
             seq = int(torch.randint(a.seq_range[0], a.seq_range[1] + 1, (1,), generator=gen)) if a.seq_range else a.seq
             if a.arch == "mlp":
@@ -153,6 +172,11 @@ def train(argv: list = None) -> list:
                 y = torch.randint(0, 10, (a.batch, seq), generator=gen)
                 out = step_fn(x)
                 loss = nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
+            elif a.arch in ("lstm", "gru"):
+                x = torch.randint(0, a.vocab, (a.batch, seq), generator=gen)
+                out, hidden = step_fn(x, hidden)
+                hidden = tuple(h.detach() for h in hidden) if isinstance(hidden, tuple) else hidden.detach()
+                loss = nn.functional.cross_entropy(out.flatten(0, 1), x.flatten())
             elif a.arch == "cnn":
                 x = torch.randn(a.batch, 3, seq // 2, seq // 2, generator=gen)
                 y = torch.randint(0, 10, (a.batch,), generator=gen)

@@ -308,9 +308,15 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     // Conflicts that persist (a new long-lived block in the way): re-plan.
     // So too once what the layout was planned around has died (it would
     // hold the territory above the step's needs for good).
+    // And once a live-out the layout left to the dynamic pool (its previous
+    // instance had not died in the step it was planned from) turns out to
+    // die in the next step after all (kept_dynamic_but_cyclic).
+    const bool relearn = cur_->phase >= 0 && !missed_ && l->relearned < kRelearnMax &&
+                         kept_dynamic_but_cyclic(*l);
     if (prev_ && !planning_ &&
-        (l->conflict_streak >= 2 || (cur_->phase >= 0 && !missed_ && obstacles_gone(*l)))) {
+        (l->conflict_streak >= 2 || (cur_->phase >= 0 && !missed_ && obstacles_gone(*l)) || relearn)) {
       job = plan_step(std::move(sizes));
+      if (job) job->relearned = l->relearned + (relearn ? 1 : 0);
     }
   } else if (Layout* l = covering_layout(); l && !missed_) {
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
@@ -411,6 +417,26 @@ bool StepPlanner::obstacles_gone(const Layout& l) const {
     now += std::min(b->size, l.top - at);
   }
   return now * 2 <= l.lasting;
+}
+
+bool StepPlanner::kept_dynamic_but_cyclic(const Layout& l) const {
+  const StepTrace& cur = *cur_;
+  if (!prev_ || l.slots.size() != cur.entries.size()) return false;
+  // Cheap first: a slot the layout serves dynamically on its own stream
+  // whose request is still live at the end of this step.
+  bool any = false;
+  for (std::size_t i = 0; !any && i < l.slots.size(); ++i) {
+    any = l.slots[i].dynamic && cur.entries[i].stream == l.stream && cur.entries[i].free_time < 0;
+  }
+  if (!any) return false;
+  // Would a plan made from this step and the one before plan it? (The same
+  // lifetimes a re-plan derives, so a re-plan always changes the verdict.)
+  const std::int64_t T = std::max<std::int64_t>(cur.end_time, 1);
+  const std::vector<PlannedBuffer> now = derive_lifetimes(l.stream, T);
+  for (std::size_t i = 0; i < l.slots.size(); ++i) {
+    if (l.slots[i].dynamic && !now[i].dynamic && now[i].upper - now[i].lower <= 2 * T) return true;
+  }
+  return false;
 }
 
 StepPlanner::Layout* StepPlanner::most_recent_layout(const std::uint64_t* key) const {
@@ -1025,6 +1051,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     }
   }
   layout->persistent = job->persistent;
+  layout->relearned = std::max(layout->relearned, job->relearned);
   layout->conflict_streak = 0;
   if (fresh) layouts_.push_back(std::move(fresh));
   last_problem_ = std::move(job->problem);

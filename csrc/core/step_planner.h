@@ -176,6 +176,9 @@ class StepPlanner {
     std::size_t lasting = 0;   // of those, the ones in the way for the whole step (not live-outs dying early)
     std::size_t persistent = 0;  // live bytes outside the step at plan time
     int conflict_streak = 0;
+    // Re-plans made because a live-out it serves dynamically proved to die
+    // in the next step (kept_dynamic_but_cyclic); at most kRelearnMax.
+    int relearned = 0;
     std::uint64_t key = 0;     // the kind of step it plans
     int phases = 1;            // 2: alternating (a slot's lifetime spans two steps)
     std::size_t pinned = 0;    // bytes of live-outs pinned where the recorded step left them
@@ -275,6 +278,16 @@ class StepPlanner {
   // its top. Then a re-plan without them lowers the territory. O(blocks
   // under the top), only for such layouts.
   bool obstacles_gone(const Layout& l) const;
+  // Whether layout `l` serves dynamically a live-out of the open step that a
+  // plan made now would plan: its instance of the step before died during
+  // this step. The plan judged it persistent because, in the steps it was
+  // made from, the earlier instance lived on (torch.compile's first call
+  // keeps its outputs; the next calls' die one step later): without a
+  // re-plan it stays in the dynamic pool, beside the territory, for good.
+  // O(entries), plus one derive_lifetimes when such a slot is live.
+  bool kept_dynamic_but_cyclic(const Layout& l) const;
+  // Re-plans for that reason per layout (a guard: each one plans the slot).
+  static constexpr int kRelearnMax = 2;
 
   Territory& territory_;
   const StepArenaView view_;
@@ -329,6 +342,7 @@ struct StepPlanJob {
   std::size_t step_load = 0, obstacle_bytes = 0, persistent = 0;
   std::size_t variant_load = 0;  // LOAD of the steps it holds (the larger of own and target's)
   int phases = 1;
+  int relearned = 0;  // Layout::relearned after install
   std::size_t n_slots = 0;  // planned slots; in an alternating plan buffers k, k + n_slots are slot k's phases
   std::vector<PinCandidate> pin_candidates;
   std::vector<std::uint64_t> pinned;  // per problem buffer: kNotPinned or its fixed offset
