@@ -88,6 +88,13 @@ build/fence_test: tests/cpp/fence_test.cpp csrc/core/asym_fence.cpp csrc/core/as
 	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/fence_test.cpp \
 	    csrc/core/asym_fence.cpp -o $@
 
+# The replay fast path's tables (core/replay_table.h) against brute force.
+build/replay_table_test: tests/cpp/replay_table_test.cpp csrc/core/replay_table.cpp \
+		csrc/core/replay_table.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/replay_table_test.cpp \
+	    csrc/core/replay_table.cpp -o $@
+
 # The territory's free-block index (core/territory_index.h) against a std::map.
 build/territory_index_test: tests/cpp/territory_index_test.cpp csrc/core/territory_index.cpp \
 		csrc/core/territory_index.h csrc/core/live_map.h
@@ -96,9 +103,10 @@ build/territory_index_test: tests/cpp/territory_index_test.cpp csrc/core/territo
 	    csrc/core/territory_index.cpp -o $@
 
 test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1 build/fence_test \
-		build/territory_index_test
+		build/territory_index_test build/replay_table_test
 	build/plan_test 40
 	build/territory_index_test
+	build/replay_table_test
 	build/config_test
 	build/fence_test
 	build/debug_test_0
@@ -121,7 +129,8 @@ DEBUG_TREE := build/debug3/src
 # runs), and the one wall-clock test (a plan must take > 0.5 s of a 1.5 s
 # budget while another thread allocates: timing, not an invariant).
 DEBUG_TESTS := tests/test_core.py tests/test_planned.py tests/test_contract.py \
-	tests/test_arena_fuzz.py tests/test_territory.py tests/test_streams_sim.py
+	tests/test_arena_fuzz.py tests/test_territory.py tests/test_streams_sim.py \
+	tests/test_replay_deviation.py tests/test_replay_fast_path.py
 DEBUG_SKIP := not variable_lengths_reserved_stops_growing and not gpt_30_steps and \
 	not alternating_batch_sizes and not fuzz_200k_ops_four_streams and \
 	not other_threads_allocate_while_a_step_is_planned

@@ -84,7 +84,8 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     Besides PyTorch's keys, ``renaissance.*`` keys report the planned arena:
     ``planned_hits`` / ``planned_misses`` / ``planned_conflicts`` (requests in
     planned steps served at their planned offset / not matching the trace /
-    matching but blocked by a live block), ``plan_bytes`` (planned territory),
+    matching but blocked by a live block), ``planned_fast_hits`` (of the hits,
+    those served by the replay fast path, without the arena's lock), ``plan_bytes`` (planned territory),
     ``step_and_persistent_load_bytes`` (LOAD of the step plus the persistent
     bytes live at plan time, of the current layout; old name ``load_bytes``),
     ``largest_load_bytes`` (the largest of those over every layout kept: steps

@@ -133,8 +133,9 @@ Arena::~Arena() {
 // stats group (if any) before unlocking, whether the call returns or throws.
 class Arena::Op {
  public:
-  explicit Op(Arena& a) : a_(a), level_(&a.mu_), g_(a.mu_) {}
+  explicit Op(Arena& a) : a_(a), level_(&a.mu_), g_(a.mu_) { a.replay_enter_locked(); }
   ~Op() {
+    a_.replay_leave_locked();
     if constexpr (debug::kLevel >= 3) a_.debug_check_locked();  // debug.h
     a_.publish_locked();
   }
@@ -144,6 +145,20 @@ class Arena::Op {
  private:
   Arena& a_;
   lock_order::Held<lock_order::kArena> level_;  // checked before the lock is taken
+  std::lock_guard<std::mutex> g_;
+};
+
+// arena.h: "Locked". Const calls take it too: the flush changes blocks, not
+// what any call reports.
+class Arena::Locked {
+ public:
+  explicit Locked(const Arena& a) : a_(const_cast<Arena&>(a)), g_(a.mu_) { a_.replay_enter_locked(); }
+  ~Locked() { a_.replay_leave_locked(); }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+
+ private:
+  Arena& a_;
   std::lock_guard<std::mutex> g_;
 };
 
@@ -162,11 +177,17 @@ void Arena::publish_locked() noexcept {
 // ---------------------------------------------------------------------------
 
 void Arena::set_max_reserved_bytes(std::size_t bytes) {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   config_.max_reserved_bytes = bytes;
 }
 
 void* Arena::allocate(std::size_t size, StreamId stream) {
+  if (replay_armed_.load(std::memory_order_relaxed)) {
+    if (void* p = replay_allocate(size, stream)) {
+      if constexpr (debug::kLevel >= 3) debug_check_replay();
+      return p;
+    }
+  }
   if (size - 1 < front_max_) {  // 0 < size <= front_max_
     if (void* p = front_allocate(size, stream)) {
       if constexpr (debug::kLevel >= 3) debug_check_fast_path();
@@ -195,6 +216,12 @@ void Arena::check_stream(StreamId stream) const {
 
 void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) {
   if (size == 0) return nullptr;
+  if (replay_armed_.load(std::memory_order_relaxed)) {
+    if (void* p = replay_allocate(size, stream)) {
+      if constexpr (debug::kLevel >= 3) debug_check_replay();
+      return p;
+    }
+  }
   check_stream(stream);
   if (const char* why = impossible(size)) {
     Op g(*this);
@@ -235,6 +262,12 @@ void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) 
 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0 || impossible(size)) return nullptr;
+  if (replay_armed_.load(std::memory_order_relaxed)) {
+    if (void* p = replay_allocate(size, stream)) {
+      if constexpr (debug::kLevel >= 3) debug_check_replay();
+      return p;
+    }
+  }
   check_stream(stream);
   if (size <= front_max_) {
     if (void* p = front_allocate(size, stream)) {
@@ -288,6 +321,10 @@ void* Arena::allocate_locked(std::size_t size, StreamId stream) {
 
 void Arena::deallocate(void* ptr) {
   if (!ptr) return;
+  if (replay_armed_.load(std::memory_order_relaxed) && replay_deallocate(ptr)) {
+    if constexpr (debug::kLevel >= 3) debug_check_replay();
+    return;
+  }
   if (front_max_ && front_deallocate(ptr)) {
     if constexpr (debug::kLevel >= 3) debug_check_fast_path();
     return;
@@ -326,7 +363,11 @@ void Arena::deallocate(void* ptr) {
 
 void Arena::record_stream(void* ptr, StreamId stream) {
   if (!ptr) return;
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
+  // A stream use inside a replayed step: the fast path stops for the rest
+  // of the step (a freed block may now be pending, which its free flag
+  // would not show).
+  replay_disarm_locked();
   Block* b = live_block_locked(ptr, "record_stream on");
   if (stream == b->stream) return;
   if (std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
@@ -356,7 +397,7 @@ void Arena::empty_cache() {
 }
 
 void Arena::set_persistent_hint(bool on) {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   persistent_hint_ = on;
 }
 
@@ -397,6 +438,7 @@ void Arena::begin_step(std::uint64_t key) {
   flush_cache_locked();
   steps_->begin_step(key);
   update_fronts_open_locked();
+  replay_arm_locked();
 }
 
 void Arena::end_step() { end_step(false); }
@@ -433,6 +475,7 @@ void Arena::begin_step_checked(std::uint64_t key) {
   flush_cache_locked();
   steps_->begin_step(key);
   update_fronts_open_locked();
+  replay_arm_locked();
 }
 
 void Arena::end_step_checked() { end_step(true); }
@@ -457,51 +500,51 @@ void Arena::finish_plan(std::unique_ptr<StepPlanJob> job) {
 }
 
 bool Arena::in_step() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   return steps_ && steps_->in_step();
 }
 
 DeviceStats Arena::stats() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   flush_cache_for_read_locked();  // inactive_split as with the free blocks merged
   return stats_;
 }
 
 PlanStats Arena::plan_stats() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   return steps_ ? steps_->stats() : PlanStats{};
 }
 
 std::pair<planner::Problem, std::vector<std::uint64_t>> Arena::last_plan() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   if (!steps_) return {};
   return {steps_->last_problem(), steps_->last_offsets()};
 }
 
 StepRecord Arena::last_step() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   return steps_ ? steps_->last_step() : StepRecord{};
 }
 
 void Arena::reset_peak_stats() {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   fold_fronts_locked(false);  // the books equal the true values: peak = current
   stats_.reset_peak();
 }
 
 void Arena::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   fold_fronts_locked(false);  // what the fronts served before the reset is counted now
   stats_.reset_accumulated();
 }
 
 std::size_t Arena::block_size(void* ptr) const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   return live_block_locked(ptr, "block_size of")->size;
 }
 
 std::size_t Arena::largest_free_block() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   flush_cache_for_read_locked();  // the largest block as merged without the cache
   std::size_t best = 0;
   for (const FreeSet* s : {&small_free_, &large_free_, &persistent_free_}) {
@@ -511,7 +554,7 @@ std::size_t Arena::largest_free_block() const {
 }
 
 std::vector<SegmentInfo> Arena::snapshot() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   flush_cache_for_read_locked();  // free memory shows merged, as without the cache
   std::vector<SegmentInfo> out;
   for (const auto& [base, seg] : segments_) {
@@ -1351,7 +1394,7 @@ void Arena::flush_cache() {
 }
 
 Arena::CacheInfo Arena::cache_info() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   CacheInfo info{cache_bytes_, cache_blocks_};
   for (const auto& f : fronts_) {
     FrontGuard fg(f->lock);
@@ -1597,7 +1640,7 @@ void Arena::retire_front(Front& f) {
   // Not an Op: this runs in a thread-local destructor, after other
   // thread-locals (the lock-order checker's list of held locks) may already
   // be gone. No stats group here (fronts are off in one), so nothing to publish.
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   for (auto it = fronts_.begin(); it != fronts_.end(); ++it) {
     if (it->get() != &f) continue;
     {
@@ -1610,12 +1653,177 @@ void Arena::retire_front(Front& f) {
 }
 
 std::size_t Arena::front_count() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   return fronts_.size();
+}
+
+// ---------------------------------------------------------------------------
+// planned replay's fast path (arena.h; step_planner.h: "the fast path")
+// ---------------------------------------------------------------------------
+
+const void* Arena::replay_me() noexcept {
+  // The calling thread's own TLS slot (initial-exec: no call): an address
+  // no other living thread has.
+  return &front_tls::t_last_front;
+}
+
+void* Arena::replay_allocate(std::size_t size, StreamId stream) noexcept {
+  if (size - 1 >= kMaxRequest || replay_owner_.load(std::memory_order_relaxed) != replay_me()) {
+    return nullptr;
+  }
+  FastSection g(replay_lock_);
+  // Read again inside: what an arming or disarming by another thread wrote
+  // under the replay lock is seen here (replay_arm_locked).
+  if (!g.entered() || !replay_armed_.load(std::memory_order_relaxed) ||
+      replay_owner_.load(std::memory_order_relaxed) != replay_me()) {
+    return nullptr;
+  }
+  const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
+  char* p = steps_->fast_place(size, rounded, stream);
+  if (!p) return nullptr;
+  // The stats mark_allocated_locked books, kept as a change that the next
+  // flush adds (with the peaks: the fronts hold nothing inside a step).
+  ReplayBooks& k = replay_books_;
+  const auto bytes = static_cast<std::int64_t>(rounded), req = static_cast<std::int64_t>(size);
+  ++k.alloc_n;
+  k.alloc_bytes += bytes;
+  k.alloc_req += req;
+  if (++k.n > k.max_n) k.max_n = k.n;
+  if ((k.bytes += bytes) > k.max_bytes) k.max_bytes = k.bytes;
+  if ((k.req += req) > k.max_req) k.max_req = k.req;
+  return p;
+}
+
+bool Arena::replay_deallocate(void* ptr) noexcept {
+  if (replay_owner_.load(std::memory_order_relaxed) != replay_me()) return false;
+  FastSection g(replay_lock_);
+  if (!g.entered() || !replay_armed_.load(std::memory_order_relaxed) ||
+      replay_owner_.load(std::memory_order_relaxed) != replay_me()) {
+    return false;
+  }
+  std::size_t rounded = 0, requested = 0;
+  if (!steps_->fast_free(ptr, rounded, requested)) return false;
+  // deallocate's and free_block_locked's stats (replay_books_); the tiling
+  // never changed. It frees what the fast path allocated since the last
+  // flush (a flush empties its table), so no change goes below zero.
+  ReplayBooks& k = replay_books_;
+  --k.n;
+  k.bytes -= static_cast<std::int64_t>(rounded);
+  k.req -= static_cast<std::int64_t>(requested);
+  return true;
+}
+
+void Arena::replay_enter_locked() {
+  if (!replay_armed_.load(std::memory_order_relaxed)) return;
+  replay_lock_.lock();  // another thread: waits until the owner is out of its fast section
+  replay_held_ = true;
+  try {
+    replay_book_locked();
+    // The flush: each live allocation of the fast path becomes the block
+    // Territory::place would have made (its range is wholly free territory:
+    // clean when the step began, every earlier occupant freed). Its stats
+    // were booked by the fast path: taken off, then booked again by
+    // mark_allocated (the current values come back to what they were, so
+    // no peak moves).
+    Segment* seg = steps_->fast_segment();
+    for (const StepPlanner::FastBlock& f : steps_->take_fast_live()) {
+      const PoolKind pool = replay_pool_;
+      const auto bytes = static_cast<std::int64_t>(f.rounded);
+      stats_.sub(stats_.allocation, pool, 1);
+      stats_.sub(stats_.allocated_bytes, pool, bytes);
+      stats_.sub(stats_.requested_bytes, pool, static_cast<std::int64_t>(f.requested));
+      stats_.sub(stats_.active, pool, 1);
+      stats_.sub(stats_.active_bytes, pool, bytes);
+      Block* b = territory_.place(seg, static_cast<std::size_t>(f.ptr - seg->base), f.rounded,
+                                  f.requested, f.stream);
+      if (!b || b->ptr != f.ptr) {
+        debug::assertion_failed("replay fast path: a live allocation's range is not free territory",
+                                __FILE__, __LINE__);
+      }
+      steps_->adopt_fast_block(b, f.position);
+    }
+  } catch (...) {
+    // Only a block's storage can fail (bad_alloc): the fast path stops.
+    replay_disarm_locked();
+    replay_held_ = false;
+    replay_lock_.unlock();
+    throw;
+  }
+}
+
+void Arena::replay_book_locked() {
+  ReplayBooks& k = replay_books_;
+  if (k.alloc_n == 0) return;
+  const int pool = static_cast<int>(replay_pool_);
+  auto book = [&](StatArray& a, std::int64_t change, std::int64_t max, std::int64_t alloc) {
+    for (int at : {0, pool}) {
+      Stat& s = a[at];
+      s.peak = std::max(s.peak, s.current + max);
+      s.current += change;
+      s.allocated += alloc;
+      s.freed += alloc - change;
+    }
+  };
+  book(stats_.allocation, k.n, k.max_n, k.alloc_n);
+  book(stats_.active, k.n, k.max_n, k.alloc_n);
+  book(stats_.allocated_bytes, k.bytes, k.max_bytes, k.alloc_bytes);
+  book(stats_.active_bytes, k.bytes, k.max_bytes, k.alloc_bytes);
+  book(stats_.requested_bytes, k.req, k.max_req, k.alloc_req);
+  k = ReplayBooks{};
+}
+
+void Arena::replay_disarm_locked() noexcept {
+  if (!replay_armed_.load(std::memory_order_relaxed)) return;
+  replay_armed_.store(false, std::memory_order_relaxed);
+  replay_owner_.store(nullptr, std::memory_order_relaxed);
+  if (steps_) steps_->disarm_fast();
+}
+
+void Arena::replay_leave_locked() noexcept {
+  if (!replay_held_) return;
+  // Another thread's operation, or one that changed what the fast path
+  // relies on (the step, the layout, the territory, a miss, a capture, an
+  // epoch event): the rest of the step takes the slow path.
+  if (replay_owner_.load(std::memory_order_relaxed) != replay_me()) {
+    replay_disarm_locked();
+  } else if (!steps_->fast_valid()) {
+    // The opener's own operation changed the layout or the territory: armed
+    // again from the blocks as they are now, when the step still replays.
+    replay_disarm_locked();
+    if (steps_->fast_rearmable()) {
+      try {
+        replay_arm_locked();
+      } catch (...) {
+        // Only the tables' storage can fail (bad_alloc): stays disarmed.
+      }
+    }
+  }
+  replay_held_ = false;
+  replay_lock_.unlock();
+}
+
+void Arena::replay_arm_locked() {
+  if (!steps_ || group_ || capturing_) return;  // a stats group's books must be current
+  Segment* seg = steps_->arm_fast();
+  if (!seg) return;
+  replay_pool_ = seg->pool;
+  // Under the replay lock (taken here unless the caller's guard holds it):
+  // a thread that armed it before may still run a fast section, which must
+  // either finish first or see the new owner (the check inside it).
+  const bool take = !replay_held_;
+  if (take) replay_lock_.lock();
+  replay_lock_.set_owner(std::this_thread::get_id());
+  replay_owner_.store(replay_me(), std::memory_order_relaxed);
+  replay_armed_.store(true, std::memory_order_relaxed);
+  if (take) replay_lock_.unlock();
 }
 
 void Arena::lock_for_fork() {
   mu_.lock();
+  // The fast path stops (flushed) across a fork: the child has no opener.
+  replay_enter_locked();
+  replay_disarm_locked();
+  replay_leave_locked();
   lock_fronts(fronts_);
 }
 
@@ -1739,14 +1947,25 @@ std::string Arena::describe_pointer_locked(const void* ptr) const {
 }
 
 void Arena::check_invariants() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   check_invariants_locked();
 }
 
 void Arena::debug_check_fast_path() const noexcept {
   // TR_DEBUG=3: a front's operation is an operation too (no Op around it).
-  std::lock_guard<std::mutex> g(mu_);
+  Locked g(*this);
   debug_check_locked();
+}
+
+void Arena::debug_check_replay() noexcept {
+  // TR_DEBUG=3: a fast-path operation is an operation too. The check
+  // flushes (its live allocations become blocks; the fast path goes on).
+  try {
+    Locked g(*this);
+    debug_check_locked();
+  } catch (const std::exception& e) {
+    debug::assertion_failed(e.what(), __FILE__, __LINE__);
+  }
 }
 
 void Arena::debug_check_locked() const noexcept {

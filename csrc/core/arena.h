@@ -162,6 +162,7 @@ struct PlanStats {
   std::int64_t planned_hits = 0;       // served where the plan said
   std::int64_t planned_misses = 0;     // did not match the trace (size, stream, count)
   std::int64_t planned_conflicts = 0;  // matched, but the range was still live
+  std::int64_t planned_fast_hits = 0;  // of the hits, those served without the arena's lock
   std::int64_t plans = 0;           // plans computed
   std::int64_t variants = 0;        // variants kept now
   std::int64_t layouts = 0;         // layouts (structures) kept now
@@ -339,6 +340,13 @@ class Arena : private TerritoryHost {
 
  private:
   class Op;
+  // The arena's lock for a call that reads or changes blocks or stats but
+  // publishes nothing (Op does both): takes mu_, then the replay lock and
+  // flushes the replay fast path (replay_enter_locked); releases them in the
+  // other order (replay_leave_locked). Every holder of mu_ takes one of the
+  // two, so nothing looks at blocks or stats while the fast path has
+  // allocations the blocks do not show.
+  class Locked;
   // Runs a plan that end_step() prepared under the lock, without the lock,
   // and installs it under the lock.
   void finish_plan(std::unique_ptr<StepPlanJob> job);
@@ -359,6 +367,25 @@ class Arena : private TerritoryHost {
   // TR_DEBUG=3: check_invariants_locked() after every Op; aborts on failure.
   void debug_check_locked() const noexcept;
   void debug_check_fast_path() const noexcept;  // the same after a front's operation
+  void debug_check_replay() noexcept;  // the same after a replay fast-path operation (flushes)
+
+  // --- planned replay's fast path (step_planner.h: "the fast path") ------
+  // The step's opener serves its planned allocations and frees them without
+  // mu_, inside the replay lock's fast section (an asymmetric Dekker pair,
+  // FrontLock). nullptr / false: take the slow path.
+  void* replay_allocate(std::size_t size, StreamId stream) noexcept;
+  bool replay_deallocate(void* ptr) noexcept;
+  // With mu_ held: takes the replay lock when armed and flushes (the fast
+  // path's live allocations become territory blocks); leave disarms unless
+  // the fast path may go on (the opener's own operation, same step and
+  // layout, no deviation), then releases the replay lock.
+  void replay_enter_locked();
+  void replay_leave_locked() noexcept;
+  void replay_disarm_locked() noexcept;
+  // After StepPlanner::begin_step: arms the fast path for the calling thread.
+  void replay_arm_locked();
+  // A per-thread address: who runs the fast path.
+  static const void* replay_me() noexcept;
 
   // The cheap attempt (planned placement, free lists, growth); nullptr when
   // it does not serve the request.
@@ -560,6 +587,27 @@ class Arena : private TerritoryHost {
   bool capturing_ = false;        // see set_capturing()
 
   std::unique_ptr<StepPlanner> steps_;
+
+  // Planned replay's fast path. armed and owner change under mu_ and the
+  // replay lock; the owner reads them in its fast section.
+  std::atomic<bool> replay_armed_{false};
+  std::atomic<const void*> replay_owner_{nullptr};
+  FrontLock replay_lock_;
+  bool replay_held_ = false;  // this Op / Locked holds replay_lock_ (under mu_)
+  PoolKind replay_pool_ = PoolKind::kLarge;  // the territory segment's pool
+  // What the fast path changed in the books since the last flush, which
+  // adds it (replay_enter_locked): allocation and active move by `n`,
+  // allocated and active bytes by `bytes`, requested bytes by `req`; the
+  // max_* are the highest values of those changes (so the peaks come out as
+  // if each operation had booked itself), the alloc_* their increases.
+  // Nothing else changes those stats between two flushes.
+  struct ReplayBooks {
+    std::int64_t n = 0, bytes = 0, req = 0;
+    std::int64_t max_n = 0, max_bytes = 0, max_req = 0;
+    std::int64_t alloc_n = 0, alloc_bytes = 0, alloc_req = 0;
+  };
+  ReplayBooks replay_books_;
+  void replay_book_locked();  // adds replay_books_ to stats_ and clears it
 
   // Per-thread fronts (free_cache.h). fronts_ and registry_ under mu_.
   const std::uint64_t serial_;  // never reused: names this arena in thread-local lookups

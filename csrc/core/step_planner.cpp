@@ -187,6 +187,13 @@ void StepPlanner::on_free(Block* b) {
   if (b->step == 0) return;
   if (open_ && b->step == step_) {
     cur_->entries[static_cast<std::size_t>(b->seq)].free_time = clock_++;
+    // The fast path's predecessor check: freed at its planned range (a
+    // block the dynamic pool served, after a conflict, says nothing of the
+    // range: its position stays unfreed, so later positions over it take
+    // the slow path).
+    if (fast_armed_ && b->planned && static_cast<std::size_t>(b->seq) < fast_freed_.size()) {
+      fast_freed_[static_cast<std::size_t>(b->seq)] = 1;
+    }
   } else if (open_ && prev_ && b->step == prev_->step) {
     cur_->livein_frees.emplace_back(b->seq, clock_++);
   } else {
@@ -199,6 +206,163 @@ void StepPlanner::on_free(Block* b) {
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// the fast path (step_planner.h: "the fast path"; replay_table.h)
+// ---------------------------------------------------------------------------
+
+Segment* StepPlanner::arm_fast() {
+  fast_armed_ = false;
+  if (!open_ || !replaying_ || !active_ || view_.capturing || !territory_.epoch_idle()) return nullptr;
+  const Layout& l = *active_;
+  Segment* seg = territory_.of(l.stream);
+  const std::size_t n = l.slots.size();
+  if (!seg || n == 0 || n >= 0xFFFFFFFFu) return nullptr;
+  ReplayRoute& r = routes_[phase_];
+  if (r.layout != &l || r.generation != layout_gen_) {
+    // Only the layout's own stream's planned slots take the fast path (the
+    // territory is per stream); the others have no range here.
+    std::vector<std::size_t> offset(n), size(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const PlannedBuffer& s = l.slots[i];
+      if (s.dynamic || s.stream != l.stream) continue;
+      offset[i] = s.offset[phase_];
+      size[i] = s.size;
+    }
+    r.build(offset, size);
+    r.layout = &l;
+    r.generation = layout_gen_;
+  }
+  // Clean: the range lies in one free block of the territory now (the
+  // check Territory::place makes), so only this step's own buffers can be
+  // in it later (the predecessors).
+  // Free neighbours under the line are merged (territory.h), so a range
+  // below the line that meets no block in use lies in one free block.
+  fast_busy_.clear();
+  char* const line = seg->base + seg->plan_top;
+  for (const Block* b = seg->head; b && b->ptr < line; b = b->next) {
+    if (b->state != BlockState::kFree) {
+      fast_busy_.emplace_back(static_cast<std::size_t>(b->ptr - seg->base),
+                              static_cast<std::size_t>(b->ptr + b->size - seg->base));
+    }
+  }
+  fast_clean_.assign(n, 0);
+  fast_freed_.assign(n, 0);
+  fast_req_.resize(n);
+  // Armed again in the middle of a step (after a layout switch): whatever
+  // the positions already made still hold is a block in use now, so it
+  // makes the ranges over it not clean; as predecessors they count as freed.
+  const std::size_t made = std::min(cur_->entries.size(), n);
+  std::fill(fast_freed_.begin(), fast_freed_.begin() + static_cast<std::ptrdiff_t>(made), 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t off = r.offset(i), size = r.size(i);
+    if (size == 0 || off > seg->plan_top || size > seg->plan_top - off) continue;
+    if (fast_busy_.empty()) {
+      fast_clean_[i] = 1;
+      continue;
+    }
+    // The first block in use ending above off must start at or above its end.
+    auto it = std::partition_point(fast_busy_.begin(), fast_busy_.end(),
+                                   [off](const std::pair<std::size_t, std::size_t>& u) {
+                                     return u.second <= off;
+                                   });
+    fast_clean_[i] = it == fast_busy_.end() || it->first >= off + size;
+  }
+  // Room for every position: the fast path never allocates.
+  fast_live_.clear();
+  fast_live_.reset(n);
+  fast_flush_.clear();
+  fast_flush_.reserve(n);
+  fast_layout_ = &l;
+  fast_phase_ = phase_;
+  fast_step_ = step_;
+  fast_seg_ = seg;
+  fast_stream_ = l.stream;
+  fast_top_ = seg->plan_top;
+  fast_armed_ = true;
+  return seg;
+}
+
+bool StepPlanner::fast_valid() const {
+  return fast_armed_ && open_ && replaying_ && !missed_ && step_ == fast_step_ &&
+         active_ == fast_layout_ && phase_ == fast_phase_ &&
+         routes_[fast_phase_].layout == active_ && routes_[fast_phase_].generation == layout_gen_ &&
+         !view_.capturing && territory_.epoch_idle() && territory_.of(active_->stream) == fast_seg_ &&
+         fast_seg_->plan_top == fast_top_;
+}
+
+bool StepPlanner::fast_rearmable() const {
+  // Not after a miss: a request that outgrew its slot may hold a block
+  // beyond its planned range, which no predecessor list names.
+  return open_ && replaying_ && active_ && !missed_ && !view_.capturing && territory_.epoch_idle();
+}
+
+char* StepPlanner::fast_place(std::size_t requested, std::size_t rounded, StreamId stream) noexcept {
+  const std::size_t i = cur_->entries.size();
+  const ReplayRoute& r = routes_[fast_phase_];
+  // Past the layout, or where the slow path may grow the trace (no
+  // allocation here), or where it may switch layouts (the step's first
+  // requests, when there is a choice): the slow path.
+  if (i >= r.positions() || i == cur_->entries.capacity() || i == cur_->threads.capacity() ||
+      !fast_live_.has_room() || (i < kChooseWindow && layouts_.size() > 1)) {
+    return nullptr;
+  }
+  const std::size_t size = r.size(i);
+  // A routed position is one of the layout's stream's slots (arm_fast).
+  if (size == 0 || rounded > size || stream != fast_stream_ || !fast_clean_[i]) {
+    return nullptr;
+  }
+  for (const std::uint32_t* p = r.preds_begin(i), *e = r.preds_end(i); p != e; ++p) {
+    if (!fast_freed_[*p]) return nullptr;  // an earlier occupant may be live: the slow path checks
+  }
+  char* ptr = fast_seg_->base + r.offset(i);
+  ++stats_.planned_requests;
+  ++stats_.planned_hits;
+  ++stats_.planned_fast_hits;
+  ++cur_hits_;
+  // The trace entry, as on_allocated records it.
+  TraceRecord& e = cur_->entries.emplace_back();
+  e.size = rounded;
+  e.stream = stream;
+  e.alloc_time = clock_++;
+  e.address = reinterpret_cast<std::uintptr_t>(ptr);
+  if (std::uintptr_t ref = 0; reference_address(i, ref)) {
+    ++cur_comparable_;
+    if (ref == e.address) ++cur_same_;
+  }
+  cur_->threads.push_back(cur_->opener);
+  fast_req_[i] = requested;
+  fast_live_.insert(e.address, static_cast<std::uint32_t>(i));
+  return ptr;
+}
+
+bool StepPlanner::fast_free(void* ptr, std::size_t& rounded, std::size_t& requested) noexcept {
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::int64_t pos = fast_live_.take(p);
+  if (pos < 0) return false;
+  const auto i = static_cast<std::size_t>(pos);
+  TraceRecord& e = cur_->entries[i];
+  e.free_time = clock_++;
+  fast_freed_[i] = 1;
+  rounded = e.size;
+  requested = fast_req_[i];
+  return true;
+}
+
+const std::vector<StepPlanner::FastBlock>& StepPlanner::take_fast_live() {
+  fast_flush_.clear();
+  fast_live_.for_each([&](std::uintptr_t p, std::uint32_t pos) {
+    const TraceRecord& e = cur_->entries[pos];
+    fast_flush_.push_back(FastBlock{reinterpret_cast<char*>(p), pos, e.size, fast_req_[pos], e.stream});
+  });
+  fast_live_.clear();
+  return fast_flush_;
+}
+
+void StepPlanner::adopt_fast_block(Block* b, std::size_t position) {
+  b->step = step_;
+  b->seq = static_cast<std::int64_t>(position);
 }
 
 void StepPlanner::on_record_stream(Block* b, StreamId stream) {
@@ -358,6 +522,11 @@ bool StepPlanner::drop_irregular_threads() {
   if (!prev_ || cur.entries.empty()) return false;
   const StepTrace& prev = *prev_;
   if (prev.threads.size() != prev.entries.size()) return false;
+  // The common case, one thread (a scan, not the sort below).
+  if (std::all_of(cur.threads.begin(), cur.threads.end(),
+                  [&](std::uint64_t t) { return t == cur.opener; })) {
+    return false;
+  }
   std::vector<std::uint64_t> tags(cur.threads);
   std::sort(tags.begin(), tags.end());
   tags.erase(std::unique(tags.begin(), tags.end()), tags.end());
@@ -489,6 +658,7 @@ void StepPlanner::remember_variant(Layout* layout, std::vector<std::size_t> size
 }
 
 void StepPlanner::forget_least_recent_variant() {
+  ++layout_gen_;  // a layout may go: the fast path's routes are rebuilt
   auto lru = std::min_element(variants_.begin(), variants_.end(),
                               [](const Variant& a, const Variant& b) { return a.last_used < b.last_used; });
   Layout* l = lru->layout;
@@ -1000,6 +1170,7 @@ void StepPlanner::run(PlanJob& job) {
 
 void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   planning_ = false;
+  ++layout_gen_;  // the fast path's routes are rebuilt (replay side)
   planner::Result& r = job->result;
   // The layout it merges into may have been forgotten meanwhile (another
   // thread's steps): then it becomes a layout of its own. Its slots already

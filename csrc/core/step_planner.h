@@ -73,6 +73,7 @@
 
 #include "core/arena.h"
 #include "core/planner.h"
+#include "core/replay_table.h"
 #include "core/territory.h"
 
 namespace renaissance {
@@ -133,6 +134,51 @@ class StepPlanner {
   void release_territory();
   PlanStats stats() const;
   StepRecord last_step() const;
+  // --- the fast path (issue 14; replay_table.h, arena.cpp's replay lock) --
+  // The opener thread's planned allocations of a replayed step served
+  // without the arena's lock, from the active layout's slot table: position
+  // i goes to its planned offset when its range was wholly free territory
+  // when the step began (clean) and every immediate spatial predecessor of
+  // it (ReplayRoute) was placed at its planned range and freed in this
+  // step. By induction over the positions, no earlier occupant of the range
+  // is live then. The territory's tiling does not change on the fast path:
+  // flush_fast() hands its live allocations to the arena as blocks
+  // (territory place) before anything else looks at blocks or stats.
+  //
+  // Arms it for the open step (the caller, the arena, holds its lock and
+  // the replay lock); returns the territory segment, or nullptr (not armed:
+  // not replaying, a capture, epoch events outstanding, no territory).
+  Segment* arm_fast();
+  void disarm_fast() { fast_armed_ = false; }
+  // Whether the armed fast path may go on after a slow operation: the same
+  // step, layout (unchanged), phase and territory line, no miss, no capture,
+  // no epoch event. False when not armed.
+  bool fast_valid() const;
+  // Whether arm_fast() may arm it again in the open step, after what made
+  // fast_valid() false (a layout switch, a new territory line): the step
+  // still replays, without a miss, a capture or an epoch event. Positions
+  // already made count as freed predecessors (what they still hold is in
+  // the blocks, so the ranges over it are not clean).
+  bool fast_rearmable() const;
+  // Without the arena's lock (the replay lock's fast section): the address
+  // for the next request of the step, or nullptr (take the slow path; nothing
+  // changed). `rounded` is `requested` rounded to the unit.
+  char* fast_place(std::size_t requested, std::size_t rounded, StreamId stream) noexcept;
+  // The free of an address the fast path handed out: its rounded and
+  // requested bytes; false when it is none (take the slow path).
+  bool fast_free(void* ptr, std::size_t& rounded, std::size_t& requested) noexcept;
+  // The fast path's live allocations (address, position, bytes), taken out
+  // of its table: the arena places each as a block (the flush) and gives it
+  // to adopt_fast_block().
+  struct FastBlock {
+    char* ptr;
+    std::size_t position, rounded, requested;
+    StreamId stream;
+  };
+  const std::vector<FastBlock>& take_fast_live();
+  void adopt_fast_block(Block* b, std::size_t position);
+  Segment* fast_segment() const { return fast_seg_; }
+
   // The problem and offsets of the most recent plan (for tests and tools).
   const planner::Problem& last_problem() const { return last_problem_; }
   const std::vector<std::uint64_t>& last_offsets() const { return last_offsets_; }
@@ -288,6 +334,24 @@ class StepPlanner {
   bool kept_dynamic_but_cyclic(const Layout& l) const;
   // Re-plans for that reason per layout (a guard: each one plans the slot).
   static constexpr int kRelearnMax = 2;
+
+  // The fast path's state (see arm_fast). routes_ by phase, each built for
+  // one layout at one layout_gen_ (bumped whenever a layout is installed or
+  // forgotten, so a changed layout is never served from an old route).
+  ReplayRoute routes_[2];
+  std::uint64_t layout_gen_ = 1;
+  bool fast_armed_ = false;
+  const Layout* fast_layout_ = nullptr;
+  int fast_phase_ = 0;
+  std::uint64_t fast_step_ = 0;
+  Segment* fast_seg_ = nullptr;
+  StreamId fast_stream_ = 0;
+  std::size_t fast_top_ = 0;
+  std::vector<std::uint8_t> fast_clean_, fast_freed_;  // per position
+  std::vector<std::size_t> fast_req_;                  // per position: requested bytes
+  FastLive fast_live_;
+  std::vector<std::pair<std::size_t, std::size_t>> fast_busy_;  // arm_fast's blocks in use
+  std::vector<FastBlock> fast_flush_;
 
   Territory& territory_;
   const StepArenaView view_;

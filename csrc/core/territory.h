@@ -117,6 +117,8 @@ class Territory {
   // b lies under the line of its stream's territory.
   bool holds(const Block* b) const { return is_territory(b->segment) && b->segment->in_territory(b); }
   bool empty() const { return by_stream_.empty(); }
+  // No epoch event is outstanding (a placement need not make its stream wait).
+  bool epoch_idle() const { return epoch_.empty(); }
   std::vector<StreamId> streams() const;  // those that have territory
 
   // --- changing it (StepPlanner) ------------------------------------------
