@@ -1,6 +1,8 @@
 // step_planner.cpp - see step_planner.h for the policy and invariants.
 #include "core/step_planner.h"
 
+#include "core/slot_room.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -128,17 +130,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
 
 bool StepPlanner::room_to_grow(const Layout& l, std::size_t i, std::size_t rounded) const {
   const PlannedBuffer& s = l.slots[i];
-  const std::size_t lo = s.offset[phase_] + s.size, hi = s.offset[phase_] + rounded;
-  if (hi > l.top) return false;
-  for (std::size_t j = 0; j < l.slots.size(); ++j) {
-    const PlannedBuffer& o = l.slots[j];
-    if (o.dynamic) continue;
-    for (int p = 0; p < l.phases; ++p) {
-      if (j == i && (l.phases == 1 || p == phase_)) continue;
-      if (o.offset[p] < hi && lo < o.offset[p] + o.size) return false;
-    }
-  }
-  return true;
+  return rounded <= s.size || rounded - s.size <= s.room[phase_];
 }
 
 Block* StepPlanner::place_slot(const PlannedBuffer& s, std::size_t requested, std::size_t rounded,
@@ -1004,6 +996,11 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     layout->top = std::max({layout->top, s.offset[0] + s.size, s.offset[1] + s.size});
   }
   layout->top = round_up(layout->top, view_.unit);
+  const auto room = room_above(layout->slots, layout->phases, layout->top);
+  for (std::size_t i = 0; i < layout->slots.size(); ++i) {
+    layout->slots[i].room[0] = room[i][0];
+    layout->slots[i].room[1] = room[i][1];
+  }
   layout->load = job->variant_load;
   layout->layout_load = job->step_load;
   layout->bound = r.lower_bound;

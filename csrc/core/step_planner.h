@@ -163,6 +163,10 @@ class StepPlanner {
     StreamId stream = 0;
     bool dynamic = false;  // served by the dynamic pool (persistent buffers)
     std::size_t offset[2] = {0, 0};  // per phase (equal in a one-phase layout)
+    // Per phase: bytes it may grow above its end at its offset without
+    // reaching another planned buffer or the layout's top (slot_room.h; set
+    // when its layout is installed).
+    std::uint64_t room[2] = {0, 0};
   };
   struct Layout {
     std::vector<PlannedBuffer> slots;
@@ -198,7 +202,8 @@ class StepPlanner {
   // Whether slot i of `l` (this step's phase) can take `rounded` bytes, more
   // than its size, at its offset without reaching into another planned
   // buffer's range (either phase, any time) or above the layout's top: the
-  // rest of the plan still holds. O(slots).
+  // rest of the plan still holds. O(1): the slot's room above, computed once
+  // per installed layout (slot_room.h).
   bool room_to_grow(const Layout& l, std::size_t i, std::size_t rounded) const;
   // exact: only a layout whose slot i has exactly `rounded` bytes.
   bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream, bool exact = false);
