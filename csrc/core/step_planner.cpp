@@ -294,6 +294,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   Variant* known = find_variant(sizes);
   std::unique_ptr<PlanJob> job;
   if (known) {
+    unreplayed_plans_ = 0;
     known->last_used = ++use_clock_;
     Layout* l = known->layout;
     l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
@@ -305,9 +306,11 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
       job = plan_step(std::move(sizes));
     }
   } else if (Layout* l = covering_layout(); l && !missed_) {
+    unreplayed_plans_ = 0;
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
-  } else if (prev_ && !cur_->entries.empty() && !planning_) {
+  } else if (prev_ && !cur_->entries.empty() && !planning_ && plan_new_shape(sizes)) {
     job = plan_step(std::move(sizes));
+    if (job) ++unreplayed_plans_;
   }
   if (settle_steps_ > 0 && !job) {
     // After a (re)plan, give back what recording and the first replay steps
@@ -329,6 +332,26 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   last_ = slot.get();
   prev_ = nullptr;
   return job;
+}
+
+bool StepPlanner::plan_new_shape(const std::vector<std::size_t>& sizes) {
+  if (unreplayed_plans_ < kBackoffPlans) return true;
+  // FNV-1a over the key and the sizes: a repeat of a shape seen in back-off.
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) {
+    for (int k = 0; k < 8; ++k, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+  };
+  mix(key_);
+  mix(sizes.size());
+  for (std::size_t v : sizes) mix(v);
+  auto seen = std::find(unplanned_shapes_.begin(), unplanned_shapes_.end(), h);
+  if (seen != unplanned_shapes_.end()) {
+    unplanned_shapes_.erase(seen);
+    return true;  // seen twice: it may repeat again, plan it
+  }
+  if (unplanned_shapes_.size() >= kShapeMemory) unplanned_shapes_.erase(unplanned_shapes_.begin());
+  unplanned_shapes_.push_back(h);
+  return false;
 }
 
 bool StepPlanner::drop_irregular_threads() {

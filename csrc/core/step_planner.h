@@ -301,6 +301,21 @@ class StepPlanner {
   int settle_steps_ = 0;     // clean replayed steps still to wait for after a plan
   int settle_releases_ = 0;  // cache releases since the last plan
   static constexpr int kSettleReleases = 8;
+  // Back-off for steps whose shapes never repeat (a random graph per step,
+  // lengths that are never seen twice): once kBackoffPlans plans in a row
+  // made layouts or variants that no later step replayed (no step since
+  // matched a kept variant or fitted a kept layout), a new shape is planned
+  // only when it is seen for the second time; until then its steps are
+  // served by the dynamic pool. Any step that replays resets the count.
+  static constexpr int kBackoffPlans = 4;
+  // Shapes (hash of key and size sequence) seen in back-off and not planned,
+  // the most recent kShapeMemory of them.
+  static constexpr std::size_t kShapeMemory = 64;
+  int unreplayed_plans_ = 0;
+  std::vector<std::uint64_t> unplanned_shapes_;
+  // Whether a step of a new shape is planned now (the back-off above);
+  // remembers the shape when it is not.
+  bool plan_new_shape(const std::vector<std::size_t>& sizes);
   bool planning_ = false;  // a PlanJob is between end_step() and install()
   bool missed_ = false;
   std::int64_t step_conflicts_ = 0;
