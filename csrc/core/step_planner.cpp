@@ -182,6 +182,10 @@ void StepPlanner::on_free(Block* b) {
   } else if (open_ && prev_ && b->step == prev_->step) {
     cur_->livein_frees.emplace_back(b->seq, clock_++);
   } else {
+    if (open_) {
+      cur_->foreign_frees.push_back(
+          StepTrace::ForeignFree{reinterpret_cast<std::uintptr_t>(b->ptr), b->size, clock_, b->step, b->seq});
+    }
     // Freed between its step and the next step of the same key (outside any
     // step, or during a step of another key): the first events of that step.
     for (auto& [key, trace] : last_by_key_) {
@@ -303,7 +307,14 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     // hold the territory above the step's needs for good).
     if (prev_ && !planning_ &&
         (l->conflict_streak >= 2 || (cur_->phase >= 0 && !missed_ && obstacles_gone(*l)))) {
-      job = plan_step(std::move(sizes));
+      // Other steps' blocks died in this one (keyed steps: the previous
+      // key's output): their layouts planned around where this step's
+      // live-outs stand. Moving those would make the other keys conflict
+      // and re-plan in turn, each moving its own (a seeded three-key loop
+      // re-planned in a cycle for good): a re-plan for conflicts keeps the
+      // replayed live-outs where they are.
+      const bool keep = l->conflict_streak >= 2 && cur_->phase >= 0 && !cur_->foreign_frees.empty();
+      job = plan_step(std::move(sizes), keep);
     }
   } else if (Layout* l = covering_layout(); l && !missed_) {
     unreplayed_plans_ = 0;
@@ -332,6 +343,24 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   last_ = slot.get();
   prev_ = nullptr;
   return job;
+}
+
+std::uint64_t StepPlanner::twin_offset(std::uint64_t step, std::int64_t seq, std::uint64_t at) const {
+  // The block's step is the last one of its key (an older one's layout may
+  // be gone); its key's current layout placed it when `at` is one of the
+  // slot's two offsets.
+  if (step == 0 || seq < 0) return kNoTwin;
+  for (const auto& [key, trace] : last_by_key_) {
+    if (trace->step != step) continue;
+    const Layout* l = most_recent_layout(&key);
+    if (!l || l->phases != 2 || static_cast<std::size_t>(seq) >= l->slots.size()) return kNoTwin;
+    const PlannedBuffer& s = l->slots[static_cast<std::size_t>(seq)];
+    if (s.dynamic || s.offset[0] == s.offset[1]) return kNoTwin;
+    if (at == s.offset[0]) return s.offset[1];
+    if (at == s.offset[1]) return s.offset[0];
+    return kNoTwin;
+  }
+  return kNoTwin;
 }
 
 bool StepPlanner::plan_new_shape(const std::vector<std::size_t>& sizes) {
@@ -789,7 +818,7 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
                                            std::int64_t horizon, std::int64_t fixed_upper,
                                            StreamId stream, planner::Problem& problem,
                                            std::vector<StepPinCandidate>& pins,
-                                           std::size_t& persistent) const {
+                                           std::size_t& persistent, bool keep_live_outs) const {
   auto wraps_next_step = [&](const Block* b) { return this->wraps_next_step(b, slots); };
   Segment* seg = territory_.candidate(stream);
   std::size_t obstacle_bytes = 0;
@@ -807,7 +836,14 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
         const PlannedBuffer& sl = slots[static_cast<std::size_t>(b->seq)];
         const std::uint64_t at = static_cast<std::uint64_t>(b->ptr - seg->base);
         const std::int64_t until = sl.upper - horizon;
-        if (until <= 0) continue;  // dies in its own step: no live-out
+        if (until <= 0) {
+          // Dies before the next step of its key begins (in another key's
+          // step): in no replay's way; kept where it stands on request.
+          const auto k = static_cast<std::size_t>(
+              std::lower_bound(index.begin(), index.end(), static_cast<std::size_t>(b->seq)) - index.begin());
+          if (keep_live_outs && b->size >= sl.size) pins.push_back(StepPlanJob::PinCandidate{k, at, b->size, 0});
+          continue;
+        }
         if (b->size >= sl.size) {
           const auto k = static_cast<std::size_t>(
               std::lower_bound(index.begin(), index.end(), static_cast<std::size_t>(b->seq)) - index.begin());
@@ -821,9 +857,35 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
       // released into the territory with an epoch event, or its slot falls
       // back while it lasts); going around it would grow the layout for good.
       if (b->state != BlockState::kAllocated || wraps_next_step(b)) continue;
-      problem.fixed.push_back(planner::FixedBuffer{
-          static_cast<std::size_t>(b->ptr - seg->base), b->size, 0, fixed_upper});
+      const auto at = static_cast<std::uint64_t>(b->ptr - seg->base);
+      problem.fixed.push_back(planner::FixedBuffer{at, b->size, 0, fixed_upper});
       obstacle_bytes += b->size;
+      // Another key's block replayed by an alternating layout stands at its
+      // slot's other offset in every other step: in the way there too.
+      if (const std::uint64_t twin = twin_offset(b->step, b->seq, at); twin != kNoTwin) {
+        problem.fixed.push_back(planner::FixedBuffer{twin, b->size, 0, fixed_upper});
+        obstacle_bytes += b->size;
+      }
+    }
+  }
+  if (seg) {
+    // Blocks of other steps that stood in this segment from the step's start
+    // until they died in it (another key's output, replaced by this step):
+    // in the way of what this step's layout places before then. Their own
+    // layouts keep them at the same offsets in later steps. In an
+    // alternating layout, at the start of either phase's step.
+    const auto base = reinterpret_cast<std::uintptr_t>(seg->base);
+    for (const StepTrace::ForeignFree& f : cur_->foreign_frees) {
+      if (f.time <= 0 || f.address < base || f.address + f.size > base + seg->size) continue;
+      const std::uint64_t at = f.address - base;
+      const std::uint64_t twin = twin_offset(f.step, f.seq, at);
+      for (std::uint64_t where : {at, twin}) {
+        if (where == kNoTwin) continue;
+        problem.fixed.push_back(planner::FixedBuffer{where, f.size, 0, f.time});
+        if (problem.period == 2 * horizon) {
+          problem.fixed.push_back(planner::FixedBuffer{where, f.size, horizon, horizon + f.time});
+        }
+      }
     }
   }
   persistent = 0;
@@ -872,7 +934,8 @@ int StepPlanner::make_problem(std::vector<PlannedBuffer>& slots, std::int64_t ho
   return phases;
 }
 
-std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes) {
+std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes,
+                                                              bool keep_live_outs) {
   // Derive the lifetimes, merge with a layout of the same structure, make
   // the problem, collect the obstacles, store the job.
   const StepTrace& cur = *cur_;
@@ -899,7 +962,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   std::vector<StepPlanJob::PinCandidate> pins;
   std::size_t persistent = 0;
   const std::size_t obstacle_bytes =
-      collect_obstacles(slots, index, horizon, fixed_upper, stream, problem, pins, persistent);
+      collect_obstacles(slots, index, horizon, fixed_upper, stream, problem, pins, persistent, keep_live_outs);
 
   auto job = std::make_unique<PlanJob>();
   job->options.budget_seconds = view_.config.plan_budget_seconds;
@@ -919,6 +982,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   job->phases = phases;
   job->n_slots = n_slots;
   job->pin_candidates = std::move(pins);
+  job->pin_all = keep_live_outs;
   job->threads = cur.threads;
   job->threads.push_back(cur.opener);
   std::sort(job->threads.begin(), job->threads.end());
@@ -982,7 +1046,13 @@ void StepPlanner::run(PlanJob& job) {
   // replay does not use: buffer k + n in an alternating plan, k otherwise.
   std::vector<std::size_t> recorded(n);
   for (std::size_t k = 0; k < n; ++k) recorded[k] = job.phases == 2 ? k + n : k;
-  job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);
+  if (job.pin_all && !job.pin_candidates.empty()) {
+    job.pinned.assign(job.problem.buffers.size(), StepPlanJob::kNotPinned);
+    for (const StepPlanJob::PinCandidate& c : job.pin_candidates) job.pinned[recorded[c.k]] = c.at;
+    job.result = solve_pinned(job.problem, job.pinned, job.options);
+  } else {
+    job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);
+  }
   if (job.phases == 2) align_phases(job.problem, n, job.pinned, job.pin_candidates, recorded, job.result.offsets);
   job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
