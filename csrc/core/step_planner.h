@@ -23,7 +23,12 @@
 //     phase 0 places before it dies is pinned where it stands in phase 1,
 //     so the first replay does not run into it;
 //   * buffers used on another stream keep their range until the step ends;
-//   * live blocks of the target segment are obstacles the plan avoids.
+//   * live blocks of the target segment are obstacles the plan avoids; so
+//     are blocks of other steps (another key's) that died during the step,
+//     from its start until their death, and a block that another key's
+//     alternating layout placed also stands at its slot's other offset.
+// Steps of shapes that never repeat back off: after kBackoffPlans plans
+// that no later step replayed, a new shape is planned only when seen twice.
 // A layout is a plan for one structure (allocation count and streams); the
 // variants of a structure (other batch sizes or lengths) share a layout,
 // each slot taking the max size over them, so the addresses do not change,
