@@ -102,11 +102,17 @@ build/territory_index_test: tests/cpp/territory_index_test.cpp csrc/core/territo
 	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/territory_index_test.cpp \
 	    csrc/core/territory_index.cpp -o $@
 
+# A slot's room above (core/slot_room.h) against the scan it replaced.
+build/slot_room_test: tests/cpp/slot_room_test.cpp csrc/core/slot_room.h
+	@mkdir -p build
+	$(CXX) -O1 -std=c++17 -Wall -Wextra -Werror -Icsrc tests/cpp/slot_room_test.cpp -o $@
+
 test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_1 build/fence_test \
-		build/territory_index_test build/replay_table_test
+		build/territory_index_test build/replay_table_test build/slot_room_test
 	build/plan_test 40
 	build/territory_index_test
 	build/replay_table_test
+	build/slot_room_test
 	build/config_test
 	build/fence_test
 	build/debug_test_0

@@ -8,7 +8,8 @@ peak allocated for the whole run and for the steady state (after the first repla
 wall-time ratio of the whole processes (ours / PyTorch's, medians of the alternated runs; imports
 and model building included) and peak RSS of both.
 
-    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,cnn,mlp,lstm,gru,gpt2-var,gpt2-compile,generate,generate-keyed]
+    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,cnn,mlp,lstm,gru,gpt2-var,llama-var,bert-var,t5-var,
+                                                    gpt2-compile,generate,generate-keyed]
                                       [--steps 30] [--repeats 1]
 
 Needs ``transformers`` (models are built from configs with random init; nothing is downloaded).
@@ -37,6 +38,9 @@ ROWS = {
     "lstm": ["--arch", "lstm", "--batch", "16", "--seq", "32"],
     "gru": ["--arch", "gru", "--batch", "16", "--seq", "32"],
     "gpt2-var": ["--arch", "gpt2", "--seq-range", "32", "256"],
+    "llama-var": ["--arch", "llama", "--seq-range", "32", "256"],
+    "bert-var": ["--arch", "bert", "--batch", "8", "--seq-range", "32", "256"],
+    "t5-var": ["--arch", "t5", "--seq-range", "32", "256"],
     "gpt2-compile": ["--arch", "gpt2", "--compile"],
     "generate": ["--arch", "gpt2", "--generate", "16,64,128", "--new-tokens", "32", "--rounds", "4"],
     "generate-keyed": ["--arch", "gpt2", "--generate", "16,64,128", "--new-tokens", "32", "--rounds", "4",

@@ -3,8 +3,9 @@
 Each scenario prints ours (planning on) beside the dynamic pool alone
 (``planning=False``, the baseline every plan must beat or match):
 
-* ``new structures``: 40 back-to-back steps, each a new structure (a new
-  plan), 2 tensors allocated between steps and kept for a few (issue 18):
+* ``new structures``: 40 structures back to back, each run for two steps (the
+  second a new plan: a shape seen once is planned only before the back-off,
+  StepPlanner::kBackoffPlans), 2 tensors allocated between steps and kept for a few (issue 18):
   the highest reserved MiB over the run, the peak allocated MiB, and what
   stays reserved after everything is freed and ``empty_cache()``;
 * ``pending at the end``: a 118 MiB buffer used on a side stream that
@@ -34,7 +35,7 @@ MiB = 1 << 20
 
 def new_structures_row(C, planning: bool) -> list[str]:
     a = C.Arena(C.HostDevice(), planning=planning)
-    run = new_structures(a, planning)
+    run = new_structures(a, planning, steps=80, repeat=2)
     peak = a.stats()["allocated_bytes"]["all"]["peak"]
     for p in run["between"]:
         a.deallocate(p)

@@ -24,23 +24,29 @@ def random_step(arena, n: int, seed: int, *, begin: bool = True) -> None:
         arena.deallocate(p)
 
 
-def new_structures(arena, planning: bool, steps: int = 40, seed: int = 0) -> dict:
+def new_structures(arena, planning: bool, steps: int = 40, seed: int = 0, repeat: int = 1) -> dict:
     """Back-to-back steps that are each a new structure (4-30 blocks of 1-8 MiB,
     at most 4 live), with 2 tensors of 1-4 MiB allocated between steps and kept
-    for a few (at most 6 live). Returns the highest reserved bytes seen between
-    steps, the number of steps run, and the tensors still live between steps
-    (the caller frees them)."""
+    for a few (at most 6 live). With ``repeat`` > 1 each structure runs that
+    many steps in a row (the planner plans a shape that never repeats only
+    after a few: StepPlanner::kBackoffPlans). Returns the highest reserved bytes
+    seen between steps, the number of steps run, and the tensors still live
+    between steps (the caller frees them)."""
     rnd = random.Random(seed)
     between: list[int] = []
     top = 0
-    for _ in range(steps):
+    shape_seed = 0
+    for k in range(steps):
+        if k % repeat == 0:
+            shape_seed = rnd.randrange(1 << 30)
+        shape = random.Random(shape_seed)
         if planning:
             arena.begin_step()
         live = []
-        for _ in range(rnd.randint(4, 30)):
-            live.append(arena.allocate(rnd.randint(1, 8) * MiB))
+        for _ in range(shape.randint(4, 30)):
+            live.append(arena.allocate(shape.randint(1, 8) * MiB))
             if len(live) > 3:
-                arena.deallocate(live.pop(rnd.randrange(len(live))))
+                arena.deallocate(live.pop(shape.randrange(len(live))))
         for p in live:
             arena.deallocate(p)
         if planning:

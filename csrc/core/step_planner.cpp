@@ -1,6 +1,8 @@
 // step_planner.cpp - see step_planner.h for the policy and invariants.
 #include "core/step_planner.h"
 
+#include "core/slot_room.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -128,17 +130,7 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
 
 bool StepPlanner::room_to_grow(const Layout& l, std::size_t i, std::size_t rounded) const {
   const PlannedBuffer& s = l.slots[i];
-  const std::size_t lo = s.offset[phase_] + s.size, hi = s.offset[phase_] + rounded;
-  if (hi > l.top) return false;
-  for (std::size_t j = 0; j < l.slots.size(); ++j) {
-    const PlannedBuffer& o = l.slots[j];
-    if (o.dynamic) continue;
-    for (int p = 0; p < l.phases; ++p) {
-      if (j == i && (l.phases == 1 || p == phase_)) continue;
-      if (o.offset[p] < hi && lo < o.offset[p] + o.size) return false;
-    }
-  }
-  return true;
+  return rounded <= s.size || rounded - s.size <= s.room[phase_];
 }
 
 Block* StepPlanner::place_slot(const PlannedBuffer& s, std::size_t requested, std::size_t rounded,
@@ -197,6 +189,10 @@ void StepPlanner::on_free(Block* b) {
   } else if (open_ && prev_ && b->step == prev_->step) {
     cur_->livein_frees.emplace_back(b->seq, clock_++);
   } else {
+    if (open_) {
+      cur_->foreign_frees.push_back(
+          StepTrace::ForeignFree{reinterpret_cast<std::uintptr_t>(b->ptr), b->size, clock_, b->step, b->seq});
+    }
     // Freed between its step and the next step of the same key (outside any
     // step, or during a step of another key): the first events of that step.
     for (auto& [key, trace] : last_by_key_) {
@@ -466,6 +462,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   Variant* known = find_variant(sizes);
   std::unique_ptr<PlanJob> job;
   if (known) {
+    unreplayed_plans_ = 0;
     known->last_used = ++use_clock_;
     Layout* l = known->layout;
     l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
@@ -479,13 +476,22 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
                          kept_dynamic_but_cyclic(*l);
     if (prev_ && !planning_ &&
         (l->conflict_streak >= 2 || (cur_->phase >= 0 && !missed_ && obstacles_gone(*l)) || relearn)) {
-      job = plan_step(std::move(sizes));
+      // Other steps' blocks died in this one (keyed steps: the previous
+      // key's output): their layouts planned around where this step's
+      // live-outs stand. Moving those would make the other keys conflict
+      // and re-plan in turn, each moving its own (a seeded three-key loop
+      // re-planned in a cycle for good): a re-plan for conflicts keeps the
+      // replayed live-outs where they are.
+      const bool keep = l->conflict_streak >= 2 && cur_->phase >= 0 && !cur_->foreign_frees.empty();
+      job = plan_step(std::move(sizes), keep);
       if (job) job->relearned = l->relearned + (relearn ? 1 : 0);
     }
   } else if (Layout* l = covering_layout(); l && !missed_) {
+    unreplayed_plans_ = 0;
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
-  } else if (prev_ && !cur_->entries.empty() && !planning_) {
+  } else if (prev_ && !cur_->entries.empty() && !planning_ && plan_new_shape(sizes)) {
     job = plan_step(std::move(sizes));
+    if (job) ++unreplayed_plans_;
   }
   if (settle_steps_ > 0 && !job) {
     // After a (re)plan, give back what recording and the first replay steps
@@ -507,6 +513,44 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   last_ = slot.get();
   prev_ = nullptr;
   return job;
+}
+
+std::uint64_t StepPlanner::twin_offset(std::uint64_t step, std::int64_t seq, std::uint64_t at) const {
+  // The block's step is the last one of its key (an older one's layout may
+  // be gone); its key's current layout placed it when `at` is one of the
+  // slot's two offsets.
+  if (step == 0 || seq < 0) return kNoTwin;
+  for (const auto& [key, trace] : last_by_key_) {
+    if (trace->step != step) continue;
+    const Layout* l = most_recent_layout(&key);
+    if (!l || l->phases != 2 || static_cast<std::size_t>(seq) >= l->slots.size()) return kNoTwin;
+    const PlannedBuffer& s = l->slots[static_cast<std::size_t>(seq)];
+    if (s.dynamic || s.offset[0] == s.offset[1]) return kNoTwin;
+    if (at == s.offset[0]) return s.offset[1];
+    if (at == s.offset[1]) return s.offset[0];
+    return kNoTwin;
+  }
+  return kNoTwin;
+}
+
+bool StepPlanner::plan_new_shape(const std::vector<std::size_t>& sizes) {
+  if (unreplayed_plans_ < kBackoffPlans) return true;
+  // FNV-1a over the key and the sizes: a repeat of a shape seen in back-off.
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) {
+    for (int k = 0; k < 8; ++k, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+  };
+  mix(key_);
+  mix(sizes.size());
+  for (std::size_t v : sizes) mix(v);
+  auto seen = std::find(unplanned_shapes_.begin(), unplanned_shapes_.end(), h);
+  if (seen != unplanned_shapes_.end()) {
+    unplanned_shapes_.erase(seen);
+    return true;  // seen twice: it may repeat again, plan it
+  }
+  if (unplanned_shapes_.size() >= kShapeMemory) unplanned_shapes_.erase(unplanned_shapes_.begin());
+  unplanned_shapes_.push_back(h);
+  return false;
 }
 
 bool StepPlanner::drop_irregular_threads() {
@@ -970,7 +1014,7 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
                                            std::int64_t horizon, std::int64_t fixed_upper,
                                            StreamId stream, planner::Problem& problem,
                                            std::vector<StepPinCandidate>& pins,
-                                           std::size_t& persistent) const {
+                                           std::size_t& persistent, bool keep_live_outs) const {
   auto wraps_next_step = [&](const Block* b) { return this->wraps_next_step(b, slots); };
   Segment* seg = territory_.candidate(stream);
   std::size_t obstacle_bytes = 0;
@@ -988,7 +1032,14 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
         const PlannedBuffer& sl = slots[static_cast<std::size_t>(b->seq)];
         const std::uint64_t at = static_cast<std::uint64_t>(b->ptr - seg->base);
         const std::int64_t until = sl.upper - horizon;
-        if (until <= 0) continue;  // dies in its own step: no live-out
+        if (until <= 0) {
+          // Dies before the next step of its key begins (in another key's
+          // step): in no replay's way; kept where it stands on request.
+          const auto k = static_cast<std::size_t>(
+              std::lower_bound(index.begin(), index.end(), static_cast<std::size_t>(b->seq)) - index.begin());
+          if (keep_live_outs && b->size >= sl.size) pins.push_back(StepPlanJob::PinCandidate{k, at, b->size, 0});
+          continue;
+        }
         if (b->size >= sl.size) {
           const auto k = static_cast<std::size_t>(
               std::lower_bound(index.begin(), index.end(), static_cast<std::size_t>(b->seq)) - index.begin());
@@ -1002,9 +1053,35 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
       // released into the territory with an epoch event, or its slot falls
       // back while it lasts); going around it would grow the layout for good.
       if (b->state != BlockState::kAllocated || wraps_next_step(b)) continue;
-      problem.fixed.push_back(planner::FixedBuffer{
-          static_cast<std::size_t>(b->ptr - seg->base), b->size, 0, fixed_upper});
+      const auto at = static_cast<std::uint64_t>(b->ptr - seg->base);
+      problem.fixed.push_back(planner::FixedBuffer{at, b->size, 0, fixed_upper});
       obstacle_bytes += b->size;
+      // Another key's block replayed by an alternating layout stands at its
+      // slot's other offset in every other step: in the way there too.
+      if (const std::uint64_t twin = twin_offset(b->step, b->seq, at); twin != kNoTwin) {
+        problem.fixed.push_back(planner::FixedBuffer{twin, b->size, 0, fixed_upper});
+        obstacle_bytes += b->size;
+      }
+    }
+  }
+  if (seg) {
+    // Blocks of other steps that stood in this segment from the step's start
+    // until they died in it (another key's output, replaced by this step):
+    // in the way of what this step's layout places before then. Their own
+    // layouts keep them at the same offsets in later steps. In an
+    // alternating layout, at the start of either phase's step.
+    const auto base = reinterpret_cast<std::uintptr_t>(seg->base);
+    for (const StepTrace::ForeignFree& f : cur_->foreign_frees) {
+      if (f.time <= 0 || f.address < base || f.address + f.size > base + seg->size) continue;
+      const std::uint64_t at = f.address - base;
+      const std::uint64_t twin = twin_offset(f.step, f.seq, at);
+      for (std::uint64_t where : {at, twin}) {
+        if (where == kNoTwin) continue;
+        problem.fixed.push_back(planner::FixedBuffer{where, f.size, 0, f.time});
+        if (problem.period == 2 * horizon) {
+          problem.fixed.push_back(planner::FixedBuffer{where, f.size, horizon, horizon + f.time});
+        }
+      }
     }
   }
   persistent = 0;
@@ -1053,7 +1130,8 @@ int StepPlanner::make_problem(std::vector<PlannedBuffer>& slots, std::int64_t ho
   return phases;
 }
 
-std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes) {
+std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes,
+                                                              bool keep_live_outs) {
   // Derive the lifetimes, merge with a layout of the same structure, make
   // the problem, collect the obstacles, store the job.
   const StepTrace& cur = *cur_;
@@ -1080,7 +1158,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   std::vector<StepPlanJob::PinCandidate> pins;
   std::size_t persistent = 0;
   const std::size_t obstacle_bytes =
-      collect_obstacles(slots, index, horizon, fixed_upper, stream, problem, pins, persistent);
+      collect_obstacles(slots, index, horizon, fixed_upper, stream, problem, pins, persistent, keep_live_outs);
 
   auto job = std::make_unique<PlanJob>();
   job->options.budget_seconds = view_.config.plan_budget_seconds;
@@ -1100,6 +1178,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   job->phases = phases;
   job->n_slots = n_slots;
   job->pin_candidates = std::move(pins);
+  job->pin_all = keep_live_outs;
   job->threads = cur.threads;
   job->threads.push_back(cur.opener);
   std::sort(job->threads.begin(), job->threads.end());
@@ -1163,7 +1242,13 @@ void StepPlanner::run(PlanJob& job) {
   // replay does not use: buffer k + n in an alternating plan, k otherwise.
   std::vector<std::size_t> recorded(n);
   for (std::size_t k = 0; k < n; ++k) recorded[k] = job.phases == 2 ? k + n : k;
-  job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);
+  if (job.pin_all && !job.pin_candidates.empty()) {
+    job.pinned.assign(job.problem.buffers.size(), StepPlanJob::kNotPinned);
+    for (const StepPlanJob::PinCandidate& c : job.pin_candidates) job.pinned[recorded[c.k]] = c.at;
+    job.result = solve_pinned(job.problem, job.pinned, job.options);
+  } else {
+    job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);
+  }
   if (job.phases == 2) align_phases(job.problem, n, job.pinned, job.pin_candidates, recorded, job.result.offsets);
   job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -1201,6 +1286,11 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     layout->top = std::max({layout->top, s.offset[0] + s.size, s.offset[1] + s.size});
   }
   layout->top = round_up(layout->top, view_.unit);
+  const auto room = room_above(layout->slots, layout->phases, layout->top);
+  for (std::size_t i = 0; i < layout->slots.size(); ++i) {
+    layout->slots[i].room[0] = room[i][0];
+    layout->slots[i].room[1] = room[i][1];
+  }
   layout->load = job->variant_load;
   layout->layout_load = job->step_load;
   layout->bound = r.lower_bound;

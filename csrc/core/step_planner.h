@@ -23,7 +23,12 @@
 //     phase 0 places before it dies is pinned where it stands in phase 1,
 //     so the first replay does not run into it;
 //   * buffers used on another stream keep their range until the step ends;
-//   * live blocks of the target segment are obstacles the plan avoids.
+//   * live blocks of the target segment are obstacles the plan avoids; so
+//     are blocks of other steps (another key's) that died during the step,
+//     from its start until their death, and a block that another key's
+//     alternating layout placed also stands at its slot's other offset.
+// Steps of shapes that never repeat back off: after kBackoffPlans plans
+// that no later step replayed, a new shape is planned only when seen twice.
 // A layout is a plan for one structure (allocation count and streams); the
 // variants of a structure (other batch sizes or lengths) share a layout,
 // each slot taking the max size over them, so the addresses do not change,
@@ -187,6 +192,19 @@ class StepPlanner {
   struct StepTrace : StepRecord {  // entries' sizes rounded; free_time -1: live at the end
     std::vector<std::pair<std::int64_t, std::int64_t>> livein_frees;  // (prev seq, time)
     std::vector<std::int64_t> later_frees;  // its seqs freed after it ended, before its key's next step
+    // Blocks of other steps (another key's, or older than the one before)
+    // freed during it: where they stood and when they died (its clock).
+    // They were live from its start until then, so its plan avoids them
+    // there (a keyed loop: the previous prompt's output, at its own key's
+    // planned offsets, dies inside the next key's step).
+    struct ForeignFree {
+      std::uintptr_t address = 0;
+      std::size_t size = 0;
+      std::int64_t time = 0;
+      std::uint64_t step = 0;  // its own step and position (Block::step, Block::seq)
+      std::int64_t seq = -1;
+    };
+    std::vector<ForeignFree> foreign_frees;
     int phase = -1;  // the phase it replayed (-1: not replayed)
     // Addresses of the step of its key before it (an alternating layout's
     // step repeats the addresses of the last step of the same phase).
@@ -209,6 +227,10 @@ class StepPlanner {
     StreamId stream = 0;
     bool dynamic = false;  // served by the dynamic pool (persistent buffers)
     std::size_t offset[2] = {0, 0};  // per phase (equal in a one-phase layout)
+    // Per phase: bytes it may grow above its end at its offset without
+    // reaching another planned buffer or the layout's top (slot_room.h; set
+    // when its layout is installed).
+    std::uint64_t room[2] = {0, 0};
   };
   struct Layout {
     std::vector<PlannedBuffer> slots;
@@ -247,7 +269,8 @@ class StepPlanner {
   // Whether slot i of `l` (this step's phase) can take `rounded` bytes, more
   // than its size, at its offset without reaching into another planned
   // buffer's range (either phase, any time) or above the layout's top: the
-  // rest of the plan still holds. O(slots).
+  // rest of the plan still holds. O(1): the slot's room above, computed once
+  // per installed layout (slot_room.h).
   bool room_to_grow(const Layout& l, std::size_t i, std::size_t rounded) const;
   // exact: only a layout whose slot i has exactly `rounded` bytes.
   bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream, bool exact = false);
@@ -262,7 +285,9 @@ class StepPlanner {
   // Makes `stream`'s territory exactly the highest top of its layouts
   // (lowering it when the old layouts were larger); none when it has none.
   void fit_territory(StreamId stream);
-  std::unique_ptr<PlanJob> plan_step(std::vector<std::size_t> sizes);
+  // keep_live_outs: the step's live-outs standing in the territory are
+  // pinned where they are (a re-plan that must not move them).
+  std::unique_ptr<PlanJob> plan_step(std::vector<std::size_t> sizes, bool keep_live_outs = false);
   // plan_step's parts, in order. The open step's buffers with their
   // lifetimes (live-outs matched with the previous step's, see the top).
   std::vector<PlannedBuffer> derive_lifetimes(StreamId stream, std::int64_t T) const;
@@ -288,7 +313,7 @@ class StepPlanner {
                                 std::int64_t fixed_upper, StreamId stream,
                                 planner::Problem& problem,
                                 std::vector<StepPinCandidate>& pins,
-                                std::size_t& persistent) const;
+                                std::size_t& persistent, bool keep_live_outs) const;
   // Merges layout `l` into `slots` (a step of T ticks); returns the merged horizon.
   static std::int64_t merge_into(std::vector<PlannedBuffer>& slots, std::int64_t T, const Layout& l);
   // LOAD of the planned slots on a step of `horizon` ticks.
@@ -373,6 +398,27 @@ class StepPlanner {
   int settle_steps_ = 0;     // clean replayed steps still to wait for after a plan
   int settle_releases_ = 0;  // cache releases since the last plan
   static constexpr int kSettleReleases = 8;
+  // Back-off for steps whose shapes never repeat (a random graph per step,
+  // lengths that are never seen twice): once kBackoffPlans plans in a row
+  // made layouts or variants that no later step replayed (no step since
+  // matched a kept variant or fitted a kept layout), a new shape is planned
+  // only when it is seen for the second time; until then its steps are
+  // served by the dynamic pool. Any step that replays resets the count.
+  static constexpr int kBackoffPlans = 4;
+  // Shapes (hash of key and size sequence) seen in back-off and not planned,
+  // the most recent kShapeMemory of them.
+  static constexpr std::size_t kShapeMemory = 64;
+  int unreplayed_plans_ = 0;
+  std::vector<std::uint64_t> unplanned_shapes_;
+  // Whether a step of a new shape is planned now (the back-off above);
+  // remembers the shape when it is not.
+  bool plan_new_shape(const std::vector<std::size_t>& sizes);
+  // A block of step `step` (request `seq`) at offset `at` of the territory
+  // that its key's alternating layout placed there: the slot's offset in the
+  // other phase, where the block's next instance stands every other step;
+  // kNoTwin when there is none (not placed by such a layout).
+  static constexpr std::uint64_t kNoTwin = ~std::uint64_t(0);
+  std::uint64_t twin_offset(std::uint64_t step, std::int64_t seq, std::uint64_t at) const;
   bool planning_ = false;  // a PlanJob is between end_step() and install()
   bool missed_ = false;
   std::int64_t step_conflicts_ = 0;
@@ -410,6 +456,7 @@ struct StepPlanJob {
   std::size_t n_slots = 0;  // planned slots; in an alternating plan buffers k, k + n_slots are slot k's phases
   std::vector<PinCandidate> pin_candidates;
   std::vector<std::uint64_t> pinned;  // per problem buffer: kNotPinned or its fixed offset
+  bool pin_all = false;  // pin every candidate where it stands, not only those in the way
   std::vector<std::uint64_t> threads;  // the layout's threads (sorted)
   double seconds = 0.0;  // time in run()
 };

@@ -1,0 +1,126 @@
+"""Keyed steps (``step(key=...)``: one layout per kind of step) whose output
+outlives the step and dies in the next step, of another key: a ``generate``
+loop over prompts of a few lengths (``out = model.generate(...)`` replaces
+the previous prompt's output inside the next step). The previous key's
+output stands at its own layout's offsets while this key's step runs, so a
+layout planned without it conflicts on every replay (HF GPT-2, keyed
+``generate``: 27-29 conflicts in every replayed step of two of three keys,
+re-planned every other step without effect). Plans have budget 0.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+KiB = 1 << 10
+
+
+def _shape(rng: random.Random, scale: int):
+    """A key's step: temporaries (size, lifetime in allocations) and the
+    output's size; sizes grow with `scale` (the prompt length)."""
+    temps = [(rng.randint(1, 16) * scale * KiB, rng.randint(0, 3)) for _ in range(rng.randint(6, 24))]
+    return temps, rng.randint(1, 8) * scale * KiB
+
+
+def _step(arena, key, shape, held):
+    temps, out_size = shape
+    arena.begin_step(key)
+    pending = []
+    half = len(temps) // 2
+    for k, (size, life) in enumerate(temps):
+        p = arena.allocate(size)
+        for item in pending:
+            item[0] -= 1
+        for item in [x for x in pending if x[0] < 0]:
+            arena.deallocate(item[1])
+            pending.remove(item)
+        pending.append([life, p])
+        if k == half:
+            # The output, then the previous one (another key's) is dropped
+            # (`out = generate(...)`), mid-step.
+            out = arena.allocate(out_size)
+            if held:
+                arena.deallocate(held.pop())
+            held.append(out)
+    for _, p in pending:
+        arena.deallocate(p)
+    arena.end_step()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_keyed_steps_do_not_conflict_on_the_previous_keys_output(C, seed):
+    rng = random.Random(seed)
+    keys = [16, 64, 128]
+    shapes = {k: _shape(rng, k // 16) for k in keys}
+    arena = C.Arena(C.HostDevice(), plan_budget_ms=0)
+    held = []
+    per_round, plans = [], []
+    for _ in range(18):
+        before = arena.stats()["renaissance"]["planned_conflicts"]
+        for k in keys:
+            _step(arena, k, shapes[k], held)
+        per_round.append(arena.stats()["renaissance"]["planned_conflicts"] - before)
+        plans.append(arena.stats()["renaissance"]["plans"])
+    r = arena.stats()["renaissance"]
+    assert r["planned_steps"] >= 3 * 16, r      # every key replays from round 2 on
+    # The first layouts are made while the other keys still record (their
+    # outputs stand elsewhere then), so the first replays may conflict; the
+    # re-plans see the outputs where their layouts put them, and then no
+    # replay conflicts and nothing is re-planned any more. Before: the same
+    # conflicts in every round (2-7 of them here) and a re-plan of each
+    # conflicting key every other round, for good.
+    assert per_round[-3:] == [0, 0, 0], per_round
+    assert plans[-1] == plans[-4], plans
+    arena.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_serving_loop_steps_between_calls_do_not_conflict(C, seed):
+    # `run --step-on serve`: each serve() call is a step of its own key, and
+    # the code between calls is another (the step auto_steps keeps open). The
+    # request made between calls (`ids = torch.randint(...)`) replaces the
+    # previous one once it exists: an alternating layout of that key puts it
+    # at one of two offsets in turn, and it is live through the next call.
+    # A serve layout planned around one of the two offsets conflicted with
+    # the request every other call (HF GPT-2, prompts of 16-128 tokens: 250
+    # conflicts in 77 steps, 16 in many, the replay's conflict limit). The
+    # request here is one size; requests of several sizes (variants of the
+    # between-calls key that outgrow its slot and re-plan it) still conflict
+    # now and then in this loop (not in the HF one).
+    rng = random.Random(seed)
+    temps = [(rng.randint(1, 32) * KiB, rng.randint(0, 4)) for _ in range(rng.randint(8, 30))]
+    out_size = rng.randint(1, 4) * KiB
+    arena = C.Arena(C.HostDevice(), plan_budget_ms=0)
+    ids = result = None
+    per_call = []
+    for _ in range(24):
+        arena.begin_step(0)                  # between calls
+        new_ids = arena.allocate(64 * KiB)
+        if ids is not None:
+            arena.deallocate(ids)
+        ids = new_ids
+        if result is not None:
+            arena.deallocate(result)     # the previous call's result, dropped
+        arena.end_step()
+        before = arena.stats()["renaissance"]["planned_conflicts"]
+        arena.begin_step(1)                  # serve(ids)
+        pending = []
+        for size, life in temps:
+            p = arena.allocate(size)
+            for item in pending:
+                item[0] -= 1
+            for item in [x for x in pending if x[0] < 0]:
+                arena.deallocate(item[1])
+                pending.remove(item)
+            pending.append([life, p])
+        result = arena.allocate(out_size)
+        for _, p in pending:
+            arena.deallocate(p)
+        arena.end_step()
+        per_call.append(arena.stats()["renaissance"]["planned_conflicts"] - before)
+    r = arena.stats()["renaissance"]
+    assert r["planned_steps"] >= 40, r
+    # Before: conflicts in every seed (16-81 in 16 calls), for good.
+    assert sum(per_call[6:]) == 0, per_call
+    arena.check_invariants()
