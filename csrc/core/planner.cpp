@@ -88,10 +88,20 @@ constexpr double kFloorClockFactor = 2.0;
 // plan then, before the deadline. A clock decision, so that plan depends on
 // the machine.
 constexpr double kBaselineBuilds = 8.0;
-// After the hard stop (planner_stop.h), the best plan found before it is
-// checked in a grace of at most this long (twice what the sweep's check
-// took); it is returned only if the check finishes in time.
-constexpr double kGraceSeconds = 0.03;
+// The hard stop (planner_stop.h) comes kHardSlackSeconds after the end of
+// the budget, so that the soft deadline (Work) normally ends the search and
+// the final check runs as before. After the hard stop, the best plan found
+// before it is checked in a grace of kGraceChecks times what the sweep's
+// check took (the same work at about the same load), at least
+// kGraceMinSeconds (a process on a loaded machine waits milliseconds for a
+// core), and returned only if that check ends in time. A grace capped at a
+// few tens of milliseconds returned the sweep's plan under heavy load where
+// the best plan was much lower (tests/test_varlen.py's steady peak, 1.29x
+// LOAD, on a process given a seventh of a core): the check of the plan
+// returned is part of what no budget skips, as the sweep's is.
+constexpr double kHardSlackSeconds = 0.05;
+constexpr double kGraceMinSeconds = 0.04;
+constexpr double kGraceChecks = 3.0;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
 // ... and only when the (buffer, obstacle) pairs overlapping in time that it
@@ -514,9 +524,10 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
   }
   const double check_seconds = seconds_since(check_start);
   // The hard stop: the end of the wall-clock budget (the soft deadline of
-  // Work plus the tail it keeps), or the test's stop. With the clock off,
-  // none.
-  Stop own = clock < kNoClock ? Stop(at(std::max(wall, clock + tail))) : Stop();
+  // Work plus the tail it keeps) and kHardSlackSeconds, or the test's stop.
+  // With the clock off, none.
+  Stop own =
+      clock < kNoClock ? Stop(at(std::max(wall, clock + tail) + kHardSlackSeconds)) : Stop();
   Stop& stop = forced != nullptr ? *forced : own;
   inst.stop = &stop;
 
@@ -653,9 +664,8 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
     r.stopped_by = work.expired() ? "clock" : cut ? "work" : "done";
   } catch (const Stop::Reached&) {
     // The hard stop: the phase it interrupted is dropped. The best plan
-    // before it is returned when checking it fits in a short grace (twice
-    // what checking the sweep's plan took, at most kGraceSeconds: small
-    // instances, whose check takes microseconds); else the checked sweep.
+    // before it is returned when checking it fits in a short grace (see
+    // kGraceMinSeconds); else the checked sweep.
     r = safe_result;
     r.greedy_size = greedy_done ? std::max(greedy_height, inst.fixed_top) : 0;
     r.stopped_by = "clock";
@@ -667,8 +677,8 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
                        ? Stop()
                        : Stop(std::chrono::steady_clock::now() +
                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                  std::chrono::duration<double>(
-                                      std::min(kGraceSeconds, 2 * check_seconds))));
+                                  std::chrono::duration<double>(std::max(
+                                      kGraceChecks * check_seconds, kGraceMinSeconds))));
       try {
         if (cand.size < r.size && sweep_check(problem, cand.offsets, &grace).empty()) {
           cand.stopped_by = "clock";

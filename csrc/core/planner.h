@@ -130,9 +130,10 @@ Result greedy_by_size(const Problem& problem);
 // that much; docs/benchmarks.md has the measured overruns). Every later
 // phase polls a hard stop at the end of the budget at a fine grain (at
 // least once per item, node or sort comparison; planner_stop.h) and can be
-// interrupted anywhere: plan() then returns the best plan found before the
-// stop if checking it fits in a short grace (at most 0.03 s; small
-// instances), else the checked sweep, with stopped_by "clock". Before the
+// interrupted anywhere (the stop is 0.05 s after budget_seconds): plan()
+// then returns the best plan found before the stop if checking it ends
+// within a grace (three times what the sweep's check took, at least
+// 0.04 s), else the checked sweep, with stopped_by "clock". Before the
 // hard stop, the search stops softly: one build time of the instance
 // before budget_seconds, keeping time for the final check's and a sweep's
 // work units at the rate of wall time per unit seen so far, and starting a
