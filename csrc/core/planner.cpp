@@ -13,8 +13,11 @@
 //     (Problem, Options). Phase decisions (which pass runs, how the budget
 //     is split) look at the work count only, never at the clock.
 //   * What no budget bounds is O(N log N): building the instance, the
-//     sweep fallback, the final check (on the reference machine, about
-//     0.1 s together for N = 100,000); the deadline leaves time for it.
+//     sweep's plan and its check, made first (on the reference machine,
+//     about 0.1 s together for N = 100,000). Every phase after that polls
+//     the hard stop at the end of the budget (planner_stop.h) and may be
+//     interrupted anywhere; plan() then returns the best plan found before
+//     the stop if its check fits in a short grace, else the sweep's.
 //   * Malformed problems throw std::invalid_argument naming the first bad
 //     buffer (see planner_instance.cpp).
 #include "core/planner.h"
@@ -85,6 +88,20 @@ constexpr double kFloorClockFactor = 2.0;
 // plan then, before the deadline. A clock decision, so that plan depends on
 // the machine.
 constexpr double kBaselineBuilds = 8.0;
+// The hard stop (planner_stop.h) comes kHardSlackSeconds after the end of
+// the budget, so that the soft deadline (Work) normally ends the search and
+// the final check runs as before. After the hard stop, the best plan found
+// before it is checked in a grace of kGraceChecks times what the sweep's
+// check took (the same work at about the same load), at least
+// kGraceMinSeconds (a process on a loaded machine waits milliseconds for a
+// core), and returned only if that check ends in time. A grace capped at a
+// few tens of milliseconds returned the sweep's plan under heavy load where
+// the best plan was much lower (tests/test_varlen.py's steady peak, 1.29x
+// LOAD, on a process given a seventh of a core): the check of the plan
+// returned is part of what no budget skips, as the sweep's is.
+constexpr double kHardSlackSeconds = 0.05;
+constexpr double kGraceMinSeconds = 0.04;
+constexpr double kGraceChecks = 3.0;
 // Instances up to this many buffers get the branch and bound search.
 constexpr std::uint32_t kSearchMaxItems = 1500;
 // ... and only when the (buffer, obstacle) pairs overlapping in time that it
@@ -167,7 +184,8 @@ class CoverTree {
 // elementary range of their offsets and ends: a buffer collides with one
 // exactly when some elementary range it covers has a live obstacle. O(N log N)
 // for N buffers and obstacles.
-std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>& offsets) {
+std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>& offsets,
+                        detail::Stop* stop = nullptr) {
   if (offsets.size() != problem.buffers.size()) {
     return "plan has " + std::to_string(offsets.size()) + " offsets for " +
            std::to_string(problem.buffers.size()) + " buffers";
@@ -183,6 +201,7 @@ std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>
   std::vector<std::uint64_t> off(n + problem.fixed.size()), size(off.size());
   std::int64_t lo[2], hi[2];
   for (std::size_t i = 0; i < off.size(); ++i) {
+    if (i % 256 == 0) detail::poll(stop);
     const bool fixed = i >= n;
     const std::int64_t lower = fixed ? problem.fixed[i - n].lower : problem.buffers[i].lower;
     const std::int64_t upper = fixed ? problem.fixed[i - n].upper : problem.buffers[i].upper;
@@ -201,11 +220,12 @@ std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>
       events.push_back({hi[k], 0, static_cast<std::uint32_t>(i)});
     }
   }
-  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    if (a.t != b.t) return a.t < b.t;
-    if (a.kind != b.kind) return a.kind < b.kind;
-    return a.id < b.id;
-  });
+  std::sort(events.begin(), events.end(),
+            detail::Stop::polled(stop, [](const Event& a, const Event& b) {
+              if (a.t != b.t) return a.t < b.t;
+              if (a.kind != b.kind) return a.kind < b.kind;
+              return a.id < b.id;
+            }));
   auto name = [&](std::uint32_t id) {
     return id >= n ? "fixed buffer " + std::to_string(id - n) : "buffer " + std::to_string(id);
   };
@@ -246,6 +266,7 @@ std::string sweep_check(const Problem& problem, const std::vector<std::uint64_t>
     return above ? static_cast<std::int64_t>(it->second) : -1;
   };
   for (const Event& e : events) {
+    detail::poll(stop);
     const bool fixed = e.id >= n;
     if (e.kind == 0) {
       (fixed ? live_fixed : live).erase({off[e.id], e.id});
@@ -301,19 +322,44 @@ Result make_result(const Problem& problem, const Instance& inst, const Best& bes
   return r;
 }
 
+// The sweep's plan (planner_sweep.h) over the whole instance: plan() makes
+// it first and checks it, so that it always has a valid plan to return
+// when the hard stop interrupts a later phase; it is also the baseline's
+// fallback and the last candidate (the same plan, made once).
+struct SweepPlan {
+  std::vector<std::uint64_t> offsets;  // per item (fixed ones at their offsets)
+  std::uint64_t height = 0;
+};
+
+SweepPlan make_sweep(const Instance& inst) {
+  SweepPlan s;
+  s.offsets = detail::initial_offsets(inst);
+  s.height = detail::sweep_best_fit(inst, s.offsets);
+  return s;
+}
+
 // Best fit by decreasing size, on `work` less `reserve` units. Gives up
 // (returns false) once that is spent; then the items it placed, with the
-// rest placed by the sweep above them, and the sweep alone are offered
-// instead (planner_sweep.h; `reserve` is about their cost).
-// The wall clock is kept the same way: the baseline keeps time for
-// `reserve` more units of tail (at the rate seen so far; Work::reserve_tail).
+// rest placed by the sweep above them, and the sweep alone (`sweep`; made
+// here when null) are offered instead (planner_sweep.h; `reserve` is about
+// their cost). The wall clock is kept the same way: the baseline keeps
+// time for `reserve` more units of tail (at the rate seen so far;
+// Work::reserve_tail).
 bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t reserve,
-                std::uint64_t tail_units, bool sweep_only, Best& best) {
+                std::uint64_t tail_units, bool sweep_only, const SweepPlan* sweep, Best& best) {
+  auto offer_sweep = [&] {
+    if (sweep != nullptr) {
+      best.offer(sweep->height, sweep->offsets, "sweep_best_fit");
+    } else {
+      const SweepPlan own = make_sweep(inst);
+      best.offer(own.height, own.offsets, "sweep_best_fit");
+    }
+  };
   std::vector<std::uint64_t> offs = detail::initial_offsets(inst);
   if (sweep_only) {
     work.add(reserve);
     work.expire();
-    best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
+    offer_sweep();
     return false;
   }
   placer.reset(offs);
@@ -339,10 +385,7 @@ bool run_greedy(const Instance& inst, Placer& placer, Work& work, std::uint64_t 
     best.offer(detail::sweep_best_fit_above(inst, detail::height(inst, offs), offs), offs,
                "greedy_by_size_then_sweep");
   }
-  if (!late || 2 * placed < inst.num_free) {
-    offs = detail::initial_offsets(inst);
-    best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
-  }
+  if (!late || 2 * placed < inst.num_free) offer_sweep();
   return false;
 }
 
@@ -416,7 +459,7 @@ Result greedy_by_size(const Problem& problem) {
   Placer placer(inst);
   Work work(std::numeric_limits<std::uint64_t>::max(), 1e9);
   Best best;
-  run_greedy(inst, placer, work, 0, 0, false, best);
+  run_greedy(inst, placer, work, 0, 0, false, nullptr, best);
   Result r = make_result(problem, inst, best, 0);
   r.greedy_size = r.size;
   if (!sweep_check(problem, r.offsets).empty()) {
@@ -426,7 +469,9 @@ Result greedy_by_size(const Problem& problem) {
   return r;
 }
 
-Result plan(const Problem& problem, const Options& options) {
+namespace detail {
+
+Result plan_with_stop(const Problem& problem, const Options& options, Stop* forced) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!(options.budget_seconds >= 0.0) || !std::isfinite(options.budget_seconds)) {
     throw std::invalid_argument("planner: budget_seconds must be finite and >= 0");
@@ -434,7 +479,7 @@ Result plan(const Problem& problem, const Options& options) {
   if (std::isnan(options.clock_seconds)) {
     throw std::invalid_argument("planner: clock_seconds must not be NaN");
   }
-  const Instance inst(problem);
+  Instance inst(problem);
   const double items = static_cast<double>(inst.num_items);
   const double floor_units = kFloorUnits + kFloorUnitsPerItem * items * std::log2(items + 2);
   const double units =
@@ -455,146 +500,206 @@ Result plan(const Problem& problem, const Options& options) {
   // A deadline a century away stands for "no clock" (+infinity).
   // Budget 0 keeps the constructive passes of the work floor; any other
   // budget is a wall-clock promise.
+  constexpr double kNoClock = 3.15e9;
   const double clock = std::min(
       options.budget_seconds > 0 && options.clock_seconds < 0
           ? std::max(wall - tail, 0.0)
           : std::max(wall - tail, kFloorClockFactor * floor_units / kUnitsPerSecond),
-      3.15e9);
-  Work work(limit, t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(clock)));
-  work.reserve_tail(tail_units);
-  // First LOAD and the fixed top (with obstacles merged: the cheap part of
-  // planner_bound.h, on an empty budget).
-  const detail::ObstacleMap map(inst);
-  Work no_work = work.child(0);
-  std::uint64_t lower_bound = detail::lower_bound(inst, map, &no_work);
+      kNoClock);
+  auto at = [&](double seconds) {
+    return t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                    std::chrono::duration<double>(seconds));
+  };
 
-  // The baseline, best fit by decreasing size. On a large instance it may
-  // not finish within the work limit: then the sweep (planner_sweep.h, about
-  // n log n) completes it or replaces it, and there is no budget left for
-  // more passes.
-  Placer placer(inst);
-  Best best;
-  const auto reserve =
-      static_cast<std::uint64_t>(kSweepUnitsPerItem * items * std::log2(items + 2));
-  const bool sweep_only = options.budget_seconds > 0 && options.clock_seconds < 0 &&
-                          clock - build_seconds < kBaselineBuilds * build_seconds;
-  const bool greedy_done =
-      run_greedy(inst, placer, work, reserve, tail_units, sweep_only, best);
-  const std::uint64_t greedy_height = greedy_done ? best.height : 0;
-  work.absorb(no_work);
-  std::vector<std::uint64_t> offs;
-
-  // Constructive portfolio, stopping at the lower bound, while the budget
-  // can pay for a pass (the baseline's cost); a pass cut short by the
-  // budget is dropped.
-  const std::uint64_t pass_cost = work.used() - no_work.used();
-  bool cut = !greedy_done;  // some phase was stopped by the budget
-  if (greedy_done) {
-    for (const Constructive& c : portfolio(inst.num_free)) {
-      if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
-      // Large instances: the passes get half of the work count at most,
-      // so that the peak repair gets the rest.
-      if (work.left() < pass_cost || work.out() ||
-          (inst.num_free > kSearchMaxItems && work.used() + pass_cost > limit / 2)) {
-        cut = true;
-        break;
-      }
-      offs = detail::initial_offsets(inst);
-      placer.reset(offs);
-      std::uint64_t h = 0;
-      if (!placer.try_place(detail::make_order(inst, c.order), offs, c.fit, work, h)) {
-        cut = true;
-        break;
-      }
-      best.offer(h, offs, c.name);
-    }
+  // The plan that can always be returned: the sweep (O(N log N), no budget
+  // skips it), checked now. Everything after it polls the hard stop and may
+  // be interrupted anywhere; this plan is returned then.
+  const SweepPlan sweep = make_sweep(inst);
+  Best safe;
+  safe.offer(sweep.height, sweep.offsets, "sweep_best_fit");
+  Result safe_result = make_result(problem, inst, safe, 0);
+  const auto check_start = std::chrono::steady_clock::now();
+  if (!sweep_check(problem, safe_result.offsets).empty()) {
+    throw std::logic_error("planner: produced an invalid plan (bug)");
   }
+  const double check_seconds = seconds_since(check_start);
+  // The hard stop: the end of the wall-clock budget (the soft deadline of
+  // Work plus the tail it keeps) and kHardSlackSeconds, or the test's stop.
+  // With the clock off, none.
+  Stop own =
+      clock < kNoClock ? Stop(at(std::max(wall, clock + tail) + kHardSlackSeconds)) : Stop();
+  Stop& stop = forced != nullptr ? *forced : own;
+  inst.stop = &stop;
 
-  // With obstacles, the per-tick gap bound (planner_bound.h) before the
-  // search, on at most a quarter of what is left (cut short, it is only
-  // weaker).
-  if (std::max(best.height, inst.fixed_top) > lower_bound && inst.num_items > inst.num_free) {
-    Work bound_work = work.child(work.left() / 4);
-    lower_bound = std::max(lower_bound, detail::lower_bound(inst, map, &bound_work));
-    work.absorb(bound_work);
-  }
+  std::uint64_t lower_bound = inst.load;
+  std::uint64_t greedy_height = 0;
+  bool greedy_done = false;
+  Best best;  // the best plan so far (unchecked)
+  Result r;
+  try {
+    Work work(limit, at(clock));
+    work.reserve_tail(tail_units);
+    work.set_stop(&stop);
+    // First LOAD and the fixed top (with obstacles merged: the cheap part of
+    // planner_bound.h, on an empty budget).
+    const detail::ObstacleMap map(inst);
+    Work no_work = work.child(0);
+    lower_bound = detail::lower_bound(inst, map, &no_work);
 
-  // Improvement search within the work budget (none with budget 0, nor
-  // after a baseline cut short: then the budget is spent). With obstacles
-  // that leave gaps a buffer fits in, the search over the whole instance
-  // gets a share of it and the peak repair by sub-search the rest;
-  // otherwise the search and then peak repair by ruin and recreate.
-  if (options.budget_seconds > 0 && greedy_done &&
-      std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
-    cut = true;  // every improvement phase runs until the budget is spent
-    const bool obstacles =
-        inst.num_items > inst.num_free && map.has_gaps();
-    bool search = inst.num_free <= kSearchMaxItems;
-    if (search) {
-      std::uint64_t ticks = 0;
-      for (std::uint32_t i = 0; i < inst.num_free; ++i) {
-        ticks += static_cast<std::uint64_t>(inst.length(i));
+    // The baseline, best fit by decreasing size. On a large instance it may
+    // not finish within the work limit: then the sweep (planner_sweep.h, about
+    // n log n) completes it or replaces it, and there is no budget left for
+    // more passes.
+    Placer placer(inst);
+    const auto reserve =
+        static_cast<std::uint64_t>(kSweepUnitsPerItem * items * std::log2(items + 2));
+    const bool sweep_only = options.budget_seconds > 0 && options.clock_seconds < 0 &&
+                            clock - build_seconds < kBaselineBuilds * build_seconds;
+    greedy_done = run_greedy(inst, placer, work, reserve, tail_units, sweep_only, &sweep, best);
+    greedy_height = greedy_done ? best.height : 0;
+    work.absorb(no_work);
+    std::vector<std::uint64_t> offs;
+
+    // Constructive portfolio, stopping at the lower bound, while the budget
+    // can pay for a pass (the baseline's cost); a pass cut short by the
+    // budget is dropped.
+    const std::uint64_t pass_cost = work.used() - no_work.used();
+    bool cut = !greedy_done;  // some phase was stopped by the budget
+    if (greedy_done) {
+      for (const Constructive& c : portfolio(inst.num_free)) {
+        if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
+        // Large instances: the passes get half of the work count at most,
+        // so that the peak repair gets the rest.
+        if (work.left() < pass_cost || work.out() ||
+            (inst.num_free > kSearchMaxItems && work.used() + pass_cost > limit / 2)) {
+          cut = true;
+          break;
+        }
+        offs = detail::initial_offsets(inst);
+        placer.reset(offs);
+        std::uint64_t h = 0;
+        if (!placer.try_place(detail::make_order(inst, c.order), offs, c.fit, work, h)) {
+          cut = true;
+          break;
+        }
+        best.offer(h, offs, c.name);
       }
-      search = ticks <= kSearchMaxTicks &&
-               obstacle_pairs(inst, kSearchMaxObstaclePairs) <= kSearchMaxObstaclePairs;
     }
-    if (obstacles && inst.num_items <= kRepairMaxItems) {
+
+    // With obstacles, the per-tick gap bound (planner_bound.h) before the
+    // search, on at most a quarter of what is left (cut short, it is only
+    // weaker).
+    if (std::max(best.height, inst.fixed_top) > lower_bound && inst.num_items > inst.num_free) {
+      Work bound_work = work.child(work.left() / 4);
+      lower_bound = std::max(lower_bound, detail::lower_bound(inst, map, &bound_work));
+      work.absorb(bound_work);
+    }
+
+    // Improvement search within the work budget (none with budget 0, nor
+    // after a baseline cut short: then the budget is spent). With obstacles
+    // that leave gaps a buffer fits in, the search over the whole instance
+    // gets a share of it and the peak repair by sub-search the rest;
+    // otherwise the search and then peak repair by ruin and recreate.
+    if (options.budget_seconds > 0 && greedy_done &&
+        std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
+      cut = true;  // every improvement phase runs until the budget is spent
+      const bool obstacles = inst.num_items > inst.num_free && map.has_gaps();
+      bool search = inst.num_free <= kSearchMaxItems;
       if (search) {
-        Work share = work.child(
-            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kObstacleSearchShare));
-        detail::search_small(inst, map, lower_bound, options.seed, share, best.height, best.offsets,
-                             best.method, /*raise=*/true);
-        work.absorb(share);
+        std::uint64_t ticks = 0;
+        for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+          ticks += static_cast<std::uint64_t>(inst.length(i));
+        }
+        search = ticks <= kSearchMaxTicks &&
+                 obstacle_pairs(inst, kSearchMaxObstaclePairs) <= kSearchMaxObstaclePairs;
       }
-      detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
-                           best.method);
-    } else if (search) {
-      detail::search_small(inst, map, lower_bound, options.seed, work, best.height, best.offsets,
-                           best.method, /*raise=*/true);
-      detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,
-                      best.method);
-    } else {
-      // Too large for the search over the whole instance: ruin and
-      // recreate over the whole plan first, then the peak repair by
-      // sub-search (windows at the peak, each solved with everything else
-      // fixed) on the rest.
-      Work first =
-          work.child(static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
-      detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
-                      best.method);
-      work.absorb(first);
-      detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
-                           best.method);
+      if (obstacles && inst.num_items <= kRepairMaxItems) {
+        if (search) {
+          Work share = work.child(
+              static_cast<std::uint64_t>(static_cast<double>(work.left()) * kObstacleSearchShare));
+          detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
+                               best.offsets, best.method, /*raise=*/true);
+          work.absorb(share);
+        }
+        detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                             best.method);
+      } else if (search) {
+        detail::search_small(inst, map, lower_bound, options.seed, work, best.height,
+                             best.offsets, best.method, /*raise=*/true);
+        detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                        best.method);
+      } else {
+        // Too large for the search over the whole instance: ruin and
+        // recreate over the whole plan first, then the peak repair by
+        // sub-search (windows at the peak, each solved with everything else
+        // fixed) on the rest.
+        Work first = work.child(
+            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
+        detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
+                        best.method);
+        work.absorb(first);
+        detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                             best.method);
+      }
     }
-  }
 
-  // The sweep is cheap (O(N log N)) and now and then lower than every pass
-  // (long, interleaved lifetimes): it replaces the plan when strictly lower.
-  if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound && !work.expired() &&
-      work.fits_clock(reserve / 2)) {
-    offs = detail::initial_offsets(inst);
-    best.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
-  }
+    // The sweep is cheap (O(N log N)) and now and then lower than every pass
+    // (long, interleaved lifetimes): it replaces the plan when strictly lower.
+    if (greedy_done && std::max(best.height, inst.fixed_top) > lower_bound && !work.expired() &&
+        work.fits_clock(reserve / 2)) {
+      best.offer(sweep.height, sweep.offsets, "sweep_best_fit");
+    }
 
-  Result r = make_result(problem, inst, best,
-                         greedy_done ? std::max(greedy_height, inst.fixed_top) : 0);
-  if (!sweep_check(problem, r.offsets).empty()) {
-    // A planner bug: fall back to the sweep rather than return it.
-    offs = detail::initial_offsets(inst);
-    Best base;
-    base.offer(detail::sweep_best_fit(inst, offs), offs, "sweep_best_fit");
-    r = make_result(problem, inst, base, r.greedy_size);
-    r.method += " (fallback)";
-    if (!sweep_check(problem, r.offsets).empty()) {
-      throw std::logic_error("planner: produced an invalid plan (bug)");
+    r = make_result(problem, inst, best,
+                    greedy_done ? std::max(greedy_height, inst.fixed_top) : 0);
+    // The check (polling the hard stop too). The sweep's plan was checked
+    // already; a plan that fails (a planner bug) is never returned: the
+    // sweep's is, instead.
+    if (r.offsets != safe_result.offsets && !sweep_check(problem, r.offsets, &stop).empty()) {
+      const std::uint64_t greedy_size = r.greedy_size;
+      r = safe_result;
+      r.greedy_size = greedy_size;
+      r.method += " (fallback)";
+    }
+    r.stopped_by = work.expired() ? "clock" : cut ? "work" : "done";
+  } catch (const Stop::Reached&) {
+    // The hard stop: the phase it interrupted is dropped. The best plan
+    // before it is returned when checking it fits in a short grace (see
+    // kGraceMinSeconds); else the checked sweep.
+    r = safe_result;
+    r.greedy_size = greedy_done ? std::max(greedy_height, inst.fixed_top) : 0;
+    r.stopped_by = "clock";
+    if (best.has_plan && best.offsets != sweep.offsets) {
+      Best last = best;
+      last.height = detail::height(inst, best.offsets);  // never trusted after a stop
+      Result cand = make_result(problem, inst, last, r.greedy_size);
+      Stop grace = forced != nullptr
+                       ? Stop()
+                       : Stop(std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(std::max(
+                                      kGraceChecks * check_seconds, kGraceMinSeconds))));
+      try {
+        if (cand.size < r.size && sweep_check(problem, cand.offsets, &grace).empty()) {
+          cand.stopped_by = "clock";
+          r = std::move(cand);
+        }
+      } catch (const Stop::Reached&) {
+        // No time to check it: the sweep's plan stays.
+      }
     }
   }
   r.lower_bound = std::max(lower_bound, inst.fixed_top);
   r.optimal = r.size <= r.lower_bound;
-  r.stopped_by = r.optimal ? "bound" : work.expired() ? "clock" : cut ? "work" : "done";
+  if (r.optimal) r.stopped_by = "bound";
   r.seconds = seconds_since(t0);
   return r;
+}
+
+}  // namespace detail
+
+Result plan(const Problem& problem, const Options& options) {
+  return detail::plan_with_stop(problem, options, nullptr);
 }
 
 }  // namespace renaissance::planner

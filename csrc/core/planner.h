@@ -122,22 +122,28 @@ Result greedy_by_size(const Problem& problem);
 // (planner_bound.h).
 //
 // Wall time: the heuristics and the search stop at the work count or at
-// the wall clock, whichever comes first. The clock stops them early enough
-// for the part no budget can skip (the final validity check, a fallback
-// sweep; O(N log N)): one build time of the instance before budget_seconds,
-// and every phase keeps time for the check's and a sweep's work units at
-// the rate of wall time per unit seen so far, and starts a step that does
-// not look at the clock only when that rate says it ends in time (budget 0:
-// at 2 * t_floor, t_floor the time the work floor of Options stands for, so
-// that the constructive passes run). So plan() returns within about
-// budget_seconds, on a loaded machine too; what it cannot skip (building
-// the instance, one sweep, the check: about 0.09 s of CPU for N = 100,000
-// on the reference machine) overruns a budget smaller than that, or a
-// process the machine gives a small share of a core (docs/benchmarks.md
-// has the measured overruns). When the baseline cannot finish within
-// its budget (large instances), the buffers it placed are kept and the rest
-// placed by a sweep over time, or a sweep places all of them, whichever is
-// lower (planner_sweep.h: O(N log N)); Result::greedy_size is then 0.
+// the wall clock, whichever comes first. First, right after building the
+// instance, plan() makes the sweep's plan (planner_sweep.h: O(N log N)) and
+// checks it; that is the part no budget skips (about 0.09 s of CPU for
+// N = 100,000 on the reference machine, so a budget below that, or a
+// process the machine gives a small share of a core, overruns by about
+// that much; docs/benchmarks.md has the measured overruns). Every later
+// phase polls a hard stop at the end of the budget at a fine grain (at
+// least once per item, node or sort comparison; planner_stop.h) and can be
+// interrupted anywhere (the stop is 0.05 s after budget_seconds): plan()
+// then returns the best plan found before the stop if checking it ends
+// within a grace (three times what the sweep's check took, at least
+// 0.04 s), else the checked sweep, with stopped_by "clock". Before the
+// hard stop, the search stops softly: one build time of the instance
+// before budget_seconds, keeping time for the final check's and a sweep's
+// work units at the rate of wall time per unit seen so far, and starting a
+// step that does not look at the clock only when that rate says it ends in
+// time (budget 0: at 2 * t_floor, t_floor the time the work floor of
+// Options stands for, so that the constructive passes run). So plan()
+// returns within about budget_seconds, on a loaded machine too. When the
+// baseline cannot finish within its budget (large instances), the buffers
+// it placed are kept and the rest placed by a sweep over time, or the
+// sweep's plan is taken, whichever is lower; Result::greedy_size is then 0.
 // Throws std::invalid_argument on a malformed problem.
 Result plan(const Problem& problem, const Options& options = Options{});
 

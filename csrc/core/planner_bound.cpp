@@ -172,6 +172,7 @@ std::uint64_t lower_bound(const Instance& inst, const ObstacleMap& map, Work* wo
   std::vector<std::uint64_t> items(static_cast<std::size_t>(T) + 1, 0);
   std::vector<std::vector<std::uint32_t>> starts(items.size()), ends(items.size());
   for (const Piece& p : inst.pieces) {
+    poll(inst.stop);
     if (p.item >= inst.num_free) continue;
     starts[p.lo].push_back(p.item);
     ends[p.hi].push_back(p.item);
@@ -189,14 +190,15 @@ std::uint64_t lower_bound(const Instance& inst, const ObstacleMap& map, Work* wo
   std::vector<std::uint64_t> est(static_cast<std::size_t>(T), 0);
   std::vector<std::int32_t> order;
   for (std::int32_t t = 0; t < T; ++t) {
+    if (t % 256 == 0) poll(inst.stop);
     const std::uint32_t profile = map.profile(t);
     if (profile == ObstacleMap::kNone) continue;
     est[t] = map.top(profile) + items[t];
     if (est[t] > bound) order.push_back(t);
   }
-  std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+  std::sort(order.begin(), order.end(), Stop::polled(inst.stop, [&](std::int32_t a, std::int32_t b) {
     return est[a] != est[b] ? est[a] > est[b] : a < b;
-  });
+  }));
   if (work != nullptr) work->add(order.size() * 8 + static_cast<std::uint64_t>(T));
   std::vector<char> pick(static_cast<std::size_t>(T), 0);
   std::map<std::uint64_t, std::uint64_t, std::greater<>> live;
@@ -215,6 +217,7 @@ std::uint64_t lower_bound(const Instance& inst, const ObstacleMap& map, Work* wo
     batch *= 4;
     live.clear();
     for (std::int32_t t = 0; t <= last; ++t) {
+      poll(inst.stop);
       for (std::uint32_t item : ends[t]) {
         auto it = live.find(inst.size[item]);
         if (--it->second == 0) live.erase(it);

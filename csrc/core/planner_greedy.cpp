@@ -16,6 +16,7 @@ Placer::Placer(const Instance& inst) : inst_(inst), tree_(inst.ticks) {}
 void Placer::reset(const std::vector<std::uint64_t>& offsets) {
   tree_.clear();
   for (std::uint32_t i = 0; i < inst_.num_items; ++i) {
+    poll(inst_.stop);
     if (offsets[i] != kUnplaced) commit(i, offsets[i]);
   }
   tree_.take_touches();  // a reset is charged by its caller
@@ -133,6 +134,7 @@ std::uint64_t Placer::place(const std::vector<std::uint32_t>& order,
                             std::vector<std::uint64_t>& offsets, Fit fit,
                             Work& work) {
   for (std::uint32_t item : order) {
+    poll(inst_.stop);
     offsets[item] = find_offset(item, fit, work);
     commit(item, offsets[item]);
   }
@@ -174,11 +176,15 @@ std::vector<std::uint64_t> pressures(const Instance& inst) {
   for (std::int32_t w = 1; 2 * w <= T; w *= 2) {
     const std::vector<std::uint64_t>& prev = table.back();
     std::vector<std::uint64_t> next(static_cast<std::size_t>(T - 2 * w + 1));
-    for (std::size_t i = 0; i < next.size(); ++i) next[i] = std::max(prev[i], prev[i + w]);
+    for (std::size_t i = 0; i < next.size(); ++i) {
+      if (i % 256 == 0) poll(inst.stop);
+      next[i] = std::max(prev[i], prev[i + w]);
+    }
     table.push_back(std::move(next));
   }
   std::vector<std::uint64_t> out(inst.num_free, 0);
   for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+    poll(inst.stop);
     for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
       const Piece& p = inst.pieces[k];
       std::int32_t level = 0;
@@ -212,9 +218,12 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
   auto area = [&](std::uint32_t i) {
     return static_cast<long double>(sz[i]) * static_cast<long double>(len[i]);
   };
+  // Every comparison polls the hard stop (a sort of 100,000 items takes
+  // milliseconds).
+  auto sort = [&](auto less) { std::sort(ids.begin(), ids.end(), Stop::polled(inst.stop, less)); };
   switch (order) {
     case Order::kSize:
-      std::sort(ids.begin(), ids.end(), [&](std::uint32_t a, std::uint32_t b) {
+      sort([&](std::uint32_t a, std::uint32_t b) {
         if (sz[a] != sz[b]) return sz[a] > sz[b];
         if (inst.start[a] != inst.start[b]) return inst.start[a] < inst.start[b];
         if (inst.duration[a] != inst.duration[b]) return inst.duration[a] > inst.duration[b];
@@ -222,7 +231,7 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
       });
       break;
     case Order::kArea:
-      std::sort(ids.begin(), ids.end(), [&](std::uint32_t a, std::uint32_t b) {
+      sort([&](std::uint32_t a, std::uint32_t b) {
         const long double x = area(a), y = area(b);
         if (x != y) return x > y;
         if (sz[a] != sz[b]) return sz[a] > sz[b];
@@ -230,7 +239,7 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
       });
       break;
     case Order::kLength:
-      std::sort(ids.begin(), ids.end(), [&](std::uint32_t a, std::uint32_t b) {
+      sort([&](std::uint32_t a, std::uint32_t b) {
         if (len[a] != len[b]) return len[a] > len[b];
         if (sz[a] != sz[b]) return sz[a] > sz[b];
         return a < b;
@@ -239,7 +248,7 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
     case Order::kStart: {
       std::vector<std::int32_t> start(n);
       for (std::uint32_t i = 0; i < n; ++i) start[i] = first_tick(inst, i);
-      std::sort(ids.begin(), ids.end(), [&](std::uint32_t a, std::uint32_t b) {
+      sort([&](std::uint32_t a, std::uint32_t b) {
         if (start[a] != start[b]) return start[a] < start[b];
         if (sz[a] != sz[b]) return sz[a] > sz[b];
         return a < b;
@@ -250,7 +259,7 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
     case Order::kPressureArea: {
       const std::vector<std::uint64_t> pr = pressures(inst);
       const bool by_area = order == Order::kPressureArea;
-      std::sort(ids.begin(), ids.end(), [&](std::uint32_t a, std::uint32_t b) {
+      sort([&](std::uint32_t a, std::uint32_t b) {
         if (pr[a] != pr[b]) return pr[a] > pr[b];
         if (by_area) {
           const long double x = area(a), y = area(b);

@@ -47,6 +47,7 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
     const std::uint64_t band = std::max<std::uint64_t>(1, (cur_height - lower_bound) / 4 + 1);
     top.clear();
     for (std::uint32_t i = 0; i < n; ++i) {
+      if (i % 256 == 0) poll(inst.stop);
       if (cur[i] + inst.size[i] + band > cur_height) top.push_back(i);
     }
     if (top.empty()) return;
@@ -61,6 +62,7 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
       mark[inst.pieces[k].hi] -= 1;
     }
     for (std::int32_t t = 0, inside = 0; t < inst.ticks; ++t) {
+      if (t % 256 == 0) poll(inst.stop);
       inside += mark[t];
       marked[t + 1] = marked[t] + (inside > 0 ? 1 : 0);
     }
@@ -69,6 +71,7 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
     offs = cur;
     removed.clear();
     for (std::uint32_t i = 0; i < n; ++i) {
+      if (i % 256 == 0) poll(inst.stop);
       if (cur[i] + inst.size[i] <= level) continue;
       bool hit = false;
       for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1] && !hit; ++k) {
@@ -82,12 +85,15 @@ void improve(const Instance& inst, std::uint64_t lower_bound, std::uint64_t seed
     work.add(n + static_cast<std::uint64_t>(inst.ticks));
     // Recreate: best fit, biggest (or longest) first.
     const bool by_size = round % 2 == 0;
-    std::sort(removed.begin(), removed.end(), [&](std::uint32_t a, std::uint32_t b) {
-      if (by_size && inst.size[a] != inst.size[b]) return inst.size[a] > inst.size[b];
-      if (inst.duration[a] != inst.duration[b]) return inst.duration[a] > inst.duration[b];
-      if (inst.size[a] != inst.size[b]) return inst.size[a] > inst.size[b];
-      return a < b;
-    });
+    std::sort(removed.begin(), removed.end(),
+              Stop::polled(inst.stop, [&](std::uint32_t a, std::uint32_t b) {
+                if (by_size && inst.size[a] != inst.size[b]) return inst.size[a] > inst.size[b];
+                if (inst.duration[a] != inst.duration[b]) {
+                  return inst.duration[a] > inst.duration[b];
+                }
+                if (inst.size[a] != inst.size[b]) return inst.size[a] > inst.size[b];
+                return a < b;
+              }));
     placer.reset(offs);
     work.add(250 * static_cast<std::uint64_t>(n));  // the reset (about 1 us an item)
     std::uint64_t placed = 0;
@@ -178,6 +184,7 @@ SubProblem make_sub(const Instance& inst, const std::vector<std::uint64_t>& offs
   sub.problem.period = inst.multi_piece ? inst.ticks : 0;
   cuts.clear();
   for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+    if (i % 256 == 0) poll(inst.stop);
     if (!freed[i]) continue;
     for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
       cuts.push_back(inst.pieces[k].lo);
@@ -193,6 +200,7 @@ SubProblem make_sub(const Instance& inst, const std::vector<std::uint64_t>& offs
     return static_cast<std::size_t>(std::lower_bound(cuts.begin(), cuts.end(), t) - cuts.begin());
   };
   for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+    if (i % 256 == 0) poll(inst.stop);
     if (!freed[i]) continue;
     for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
       const Piece& p = inst.pieces[k];
@@ -200,6 +208,7 @@ SubProblem make_sub(const Instance& inst, const std::vector<std::uint64_t>& offs
     }
   }
   for (std::uint32_t i = 0; i < inst.num_items; ++i) {
+    poll(inst.stop);
     if (i < inst.num_free && freed[i]) {
       Buffer b;
       b.size = inst.size[i];
@@ -357,10 +366,12 @@ class PeakRepair {
   std::uint32_t free_at(const std::vector<char>& mask, std::int32_t from, std::int32_t to) {
     sum_[0] = 0;
     for (std::int32_t t = 0; t < T_; ++t) {
+      if (t % 256 == 0) poll(inst_.stop);
       sum_[t + 1] = sum_[t] + (t >= from && t < to && mask[t] ? 1 : 0);
     }
     std::uint32_t count = 0;
     for (std::uint32_t i = 0; i < n_; ++i) {
+      if (i % 256 == 0) poll(inst_.stop);
       freed_[i] = 0;
       for (std::uint32_t k = inst_.piece_begin[i]; k < inst_.piece_begin[i + 1]; ++k) {
         if (sum_[inst_.pieces[k].hi] != sum_[inst_.pieces[k].lo]) freed_[i] = 1;
@@ -377,6 +388,7 @@ class PeakRepair {
   void compute_top() {
     std::fill(tags_.begin(), tags_.end(), 0);
     for (std::uint32_t i = 0; i < inst_.num_items; ++i) {
+      if (i % 64 == 0) poll(inst_.stop);
       const std::uint64_t end = cur_[i] + inst_.size[i];
       for (std::uint32_t k = inst_.piece_begin[i]; k < inst_.piece_begin[i + 1]; ++k) {
         std::size_t l = leaves_ + static_cast<std::size_t>(inst_.pieces[k].lo);
@@ -394,6 +406,7 @@ class PeakRepair {
       }
     }
     for (std::size_t v = 1; v < leaves_; ++v) {
+      if (v % 256 == 0) poll(inst_.stop);
       tags_[2 * v] = std::max(tags_[2 * v], tags_[v]);
       tags_[2 * v + 1] = std::max(tags_[2 * v + 1], tags_[v]);
     }
@@ -410,6 +423,7 @@ class PeakRepair {
     const auto radius = static_cast<std::int32_t>(st.radius * static_cast<double>(T_));
     sum_[0] = 0;
     for (std::int32_t t = 0; t < T_; ++t) {
+      if (t % 256 == 0) poll(inst_.stop);
       hot_[t] = top_[t] >= threshold;
       sum_[t + 1] = sum_[t] + hot_[t];
     }
@@ -441,7 +455,7 @@ class PeakRepair {
     // rounds on the same run free different stacks.
     const std::size_t keep = kMaxFreed / 4 + mix(rng_) % (kMaxFreed - kMaxFreed / 4 + 1);
     std::partial_sort(chosen_.begin(), chosen_.begin() + static_cast<std::ptrdiff_t>(keep),
-                      chosen_.end(), higher);
+                      chosen_.end(), Stop::polled(inst_.stop, higher));
     for (std::size_t k = keep; k < chosen_.size(); ++k) freed_[chosen_[k]] = 0;
     count = static_cast<std::uint32_t>(std::min(keep, chosen_.size()));
     work_.add(4 * chosen_.size() + 16);
@@ -458,6 +472,7 @@ class PeakRepair {
     // obstacles above the ceiling drop out (see make_sub).
     std::uint64_t region_top = 0;
     for (std::uint32_t i = 0; i < n_; ++i) {
+      if (i % 256 == 0) poll(inst_.stop);
       if (freed_[i]) region_top = std::max(region_top, cur_[i] + inst_.size[i]);
     }
     work_.add(n_);
@@ -471,7 +486,8 @@ class PeakRepair {
     const SubProblem sub =
         make_sub(inst_, cur_, freed_, ceiling, lowest, kObstaclesPerFreed * count, cuts_);
     const std::uint64_t base = sub.floor;
-    const Instance sub_inst(sub.problem);
+    Instance sub_inst(sub.problem);
+    sub_inst.stop = inst_.stop;
     // Building it: make_sub walks every item (a few binary searches each),
     // the Instance sorts the sub-problem's pieces, and the obstacle map
     // copies the live obstacles at every tick where they change (at most

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/planner.h"
+#include "core/planner_stop.h"
 
 namespace renaissance::planner::detail {
 
@@ -82,6 +83,9 @@ class Instance {
   std::vector<std::uint64_t> live;  // per tick: live bytes (obstacles merged)
   std::uint64_t load = 0;           // max of live
   std::uint64_t fixed_top = 0;      // max end of a fixed obstacle
+  // The hard stop every phase working on this instance polls (none: never
+  // stops). plan() sets it after building; sub-instances inherit it.
+  Stop* stop = nullptr;
 
   std::uint32_t piece_count(std::uint32_t item) const {
     return piece_begin[item + 1] - piece_begin[item];

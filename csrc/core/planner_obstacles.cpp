@@ -8,6 +8,7 @@
 #include "core/planner_obstacles.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -55,7 +56,8 @@ ObstacleMap::ObstacleMap(const Instance& inst) {
       events.push_back({inst.pieces[k].hi, i + inst.num_items});
     }
   }
-  std::sort(events.begin(), events.end());
+  std::sort(events.begin(), events.end(),
+            Stop::polled(inst.stop, std::less<std::pair<std::int32_t, std::uint32_t>>()));
   profile_of_.assign(static_cast<std::size_t>(inst.ticks), kNone);
   std::multiset<std::pair<std::uint64_t, std::uint64_t>> live;
   std::map<std::vector<std::pair<std::uint64_t, std::uint64_t>>, std::uint32_t> known;
@@ -63,6 +65,7 @@ ObstacleMap::ObstacleMap(const Instance& inst) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> key;
   std::size_t e = 0, built = 0;
   while (e < events.size()) {
+    poll(inst.stop);
     const std::int32_t t = events[e].first;
     for (; e < events.size() && events[e].first == t; ++e) {
       const bool end = events[e].second >= inst.num_items;

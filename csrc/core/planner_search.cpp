@@ -75,6 +75,7 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
     }
   };
   for (const Piece& p : by_lo) {
+    poll(inst.stop);
     keep_overlapping(active_free, p.lo);
     if (p.item < n_) {
       for (const Piece& q : active_free) {
@@ -90,6 +91,7 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
     }
   }
   for (std::uint32_t i = 0; i < n_; ++i) {
+    poll(inst.stop);
     std::vector<std::uint32_t>& o = overlaps_[i];
     std::sort(o.begin(), o.end());
     o.erase(std::unique(o.begin(), o.end()), o.end());
@@ -97,6 +99,7 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
     size_ += o.size() + obstacles_[i].size() * 2;
   }
   for (std::uint32_t i = 0; i < n_; ++i) {
+    poll(inst.stop);
     for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
       const Piece& p = inst.pieces[k];
       for (std::int32_t t = p.lo; t < p.hi; ++t) section_items_[t].push_back(i);
@@ -116,6 +119,7 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
   initial_rem_.assign(static_cast<std::size_t>(ticks_) * classes_, 0);
   initial_floor_.assign(static_cast<std::size_t>(ticks_), 0);
   for (std::int32_t t = 0; t < ticks_; ++t) {
+    poll(inst.stop);
     std::uint64_t m = kUnplaced;
     for (std::uint32_t i : section_items_[t]) {
       initial_total_[t] += inst.size[i];
@@ -132,6 +136,7 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
   // cuts_ counts every piece's inner tick boundaries.
   initial_cuts_.assign(static_cast<std::size_t>(ticks_), 0);
   for (std::uint32_t i = 0; i < n_; ++i) {
+    poll(inst.stop);
     for (std::uint32_t k = inst.piece_begin[i]; k < inst.piece_begin[i + 1]; ++k) {
       const Piece& p = inst.pieces[k];
       for (std::int32_t t = p.lo; t + 1 < p.hi; ++t) ++initial_cuts_[t];

@@ -106,6 +106,7 @@ void sweep(const Instance& inst, const std::vector<std::uint32_t>& items, FreeLi
   };
   std::vector<Key> always, starts, ends;
   for (std::uint32_t i : items) {
+    poll(inst.stop);
     const Piece& p = inst.piece(i, 0);
     if (inst.piece_count(i) > 1 || (p.lo == 0 && p.hi == inst.ticks)) {
       always.push_back({0, i, inst.size[i]});
@@ -118,12 +119,17 @@ void sweep(const Instance& inst, const std::vector<std::uint32_t>& items, FreeLi
     if (a.tick != b.tick) return a.tick < b.tick;
     return a.size != b.size ? a.size > b.size : a.item < b.item;
   };
-  std::sort(always.begin(), always.end(), first_larger);
-  std::sort(starts.begin(), starts.end(), first_larger);
-  std::sort(ends.begin(), ends.end(), first_larger);
-  for (const Key& k : always) offsets[k.item] = free.take(k.size);
+  const auto polled = Stop::polled(inst.stop, first_larger);
+  std::sort(always.begin(), always.end(), polled);
+  std::sort(starts.begin(), starts.end(), polled);
+  std::sort(ends.begin(), ends.end(), polled);
+  for (const Key& k : always) {
+    poll(inst.stop);
+    offsets[k.item] = free.take(k.size);
+  }
   std::size_t e = 0;
   for (const Key& k : starts) {
+    poll(inst.stop);
     for (; e < ends.size() && ends[e].tick <= k.tick; ++e) {
       const std::uint64_t off = offsets[ends[e].item];
       free.give(off, off + ends[e].size);

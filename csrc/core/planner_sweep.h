@@ -12,6 +12,8 @@
 //   * Offsets are 0, fixed ends, or sums of sizes on top of those (aligned
 //     sizes give aligned offsets).
 //   * O(P log P) time for P pieces, deterministic (ties by item index).
+//   * Both functions poll inst.stop (planner_stop.h) once per item and per
+//     sort comparison, so the hard stop can interrupt them (it throws).
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "core/planner_stop.h"
+
 namespace renaissance::planner::detail {
 
 // Work budget: a deterministic work count and a wall-clock deadline,
@@ -33,7 +35,9 @@ class Work {
   std::uint64_t left() const { return used_ >= limit_ ? 0 : limit_ - used_; }
   // True once the work count is spent, or the deadline passed or is too
   // near for the reserved tail (see reserve_tail()).
+  // Polls the hard stop too (set_stop()), which throws once it is reached.
   bool out() {
+    poll(stop_);
     if (used_ >= limit_) return true;
     if (used_ >= next_poll_ || ++polls_ % 64 == 0) {
       next_poll_ = used_ + kPollUnits;
@@ -102,6 +106,9 @@ class Work {
     return w;
   }
   Clock::time_point deadline() const { return deadline_; }
+  // The hard stop out() polls (planner_stop.h); children inherit it.
+  void set_stop(Stop* stop) { stop_ = stop; }
+  Stop* stop() const { return stop_; }
   void absorb(const Work& child) {
     used_ += child.used_;
     if (child.expired_) {
@@ -122,6 +129,7 @@ class Work {
   Clock::time_point origin_;  // when the root budget began
   std::uint64_t base_ = 0;    // units the ancestors had used when this child was made
   std::uint64_t tail_units_ = 0;  // work after this budget that the deadline must leave time for
+  Stop* stop_ = nullptr;
 };
 
 }  // namespace renaissance::planner::detail

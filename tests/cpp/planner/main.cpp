@@ -45,6 +45,9 @@
 //     capacity, changes no verdict (a table-free reference, capacities,
 //     orders and keys interleaved at random); plan() puts MiniMalloc B
 //     within +2% of LOAD in 1 s of work (clock off).
+//   * plan() stopped by its hard stop (planner_stop.h) at every poll of
+//     small instances and at a sample of a 1,700-buffer one returns a valid
+//     plan (a reference check), stopped_by "clock" (stop_test.cpp);
 //   With --timings only (wall time depends on the machine and its load):
 //   plan() returns within budget + 0.1 s on those steps with budget 0.25
 //   (regression: 13-63 s once; 2 x budget + 0.25 s was the old cap) and
@@ -78,6 +81,7 @@ void test_obstacle_plans(int iterations);
 void test_obstacle_exact(int iterations);
 void test_overlapping_obstacles();
 void test_bound_cases();
+void test_stop_everywhere(int iterations);
 
 }  // namespace plan_test
 
@@ -117,6 +121,7 @@ int main(int argc, char** argv) {
   test_obstacle_plans(iterations);
   test_obstacle_exact(iterations);
   test_determinism();
+  test_stop_everywhere(iterations);
   test_large_budget(timings);
   std::printf("plan_test: %d checks passed\n", g_checks);
   return 0;
