@@ -75,6 +75,10 @@ class _Loop:
             self._free(p, s)
             self._free(g, self.grad_tmp)
 
+    def _drop_previous_output(self):
+        """The previous step's output dies as the new one replaces it."""
+        self._free(self.out, self.out_size)
+
     def step(self):
         a = self.arena
         a.begin_step()
@@ -83,7 +87,7 @@ class _Loop:
         tmp = self._alloc(self.out_size)
         self._free(tmp, self.out_size)
         if self.out is not None:
-            self._free(self.out, self.out_size)
+            self._drop_previous_output()
         self.out = out
         self._backward(acts)
         if not self.keep_out:
@@ -333,21 +337,11 @@ class _KeptFirstLoop(_Loop):
         super().__init__(C, rng, plan_budget_seconds=0.0)
         self.kept = None  # step 1's output: never freed
 
-    def step(self):
-        a = self.arena
-        a.begin_step()
-        acts = self._forward()
-        out = self._alloc(self.out_size)
-        tmp = self._alloc(self.out_size)
-        self._free(tmp, self.out_size)
-        if self.out is not None and self.kept is None:
+    def _drop_previous_output(self):
+        if self.kept is None:
             self.kept = self.out  # the first output stays live
-        elif self.out is not None:
+        else:
             self._free(self.out, self.out_size)
-        self.out = out
-        self._backward(acts)
-        a.end_step()
-        a.check_invariants()
 
 
 @pytest.mark.parametrize("seed", range(6))

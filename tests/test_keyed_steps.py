@@ -13,6 +13,8 @@ import random
 
 import pytest
 
+from _aging import allocate_aging
+
 KiB = 1 << 10
 
 
@@ -29,13 +31,7 @@ def _step(arena, key, shape, held):
     pending = []
     half = len(temps) // 2
     for k, (size, life) in enumerate(temps):
-        p = arena.allocate(size)
-        for item in pending:
-            item[0] -= 1
-        for item in [x for x in pending if x[0] < 0]:
-            arena.deallocate(item[1])
-            pending.remove(item)
-        pending.append([life, p])
+        allocate_aging(arena, size, life, pending)
         if k == half:
             # The output, then the previous one (another key's) is dropped
             # (`out = generate(...)`), mid-step.
@@ -107,13 +103,7 @@ def test_serving_loop_steps_between_calls_do_not_conflict(C, seed):
         arena.begin_step(1)                  # serve(ids)
         pending = []
         for size, life in temps:
-            p = arena.allocate(size)
-            for item in pending:
-                item[0] -= 1
-            for item in [x for x in pending if x[0] < 0]:
-                arena.deallocate(item[1])
-                pending.remove(item)
-            pending.append([life, p])
+            allocate_aging(arena, size, life, pending)
         result = arena.allocate(out_size)
         for _, p in pending:
             arena.deallocate(p)

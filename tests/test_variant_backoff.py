@@ -11,6 +11,8 @@ import random
 
 import pytest
 
+from _aging import allocate_aging
+
 KiB = 1 << 10
 BACKOFF_PLANS = 4  # StepPlanner::kBackoffPlans
 
@@ -29,16 +31,9 @@ def _step(arena, shape, kept):
     kept.clear()
     pending = []  # (allocations left before the free, pointer)
     for size, after in shape:
-        p = arena.allocate(size)
-        for item in pending:
-            item[0] -= 1
-        for item in [x for x in pending if x[0] < 0]:
-            arena.deallocate(item[1])
-            pending.remove(item)
+        p = allocate_aging(arena, size, after, pending)
         if after is None:
             kept.append(p)
-        else:
-            pending.append([after, p])
     for _, p in pending:
         arena.deallocate(p)
     arena.end_step()
