@@ -62,6 +62,10 @@ class Model:
         # stream 0 was made to wait on an event of it covering that work (epoch events).
         self.outstanding: list = []
         self.peak = 0
+        # Accumulated: every allocation booked once, whatever flushes came between
+        # (a flush turns the fast path's live allocations into blocks, not into new ones).
+        self.allocations = 0
+        self.allocated_total = 0
 
     def occupied(self):
         waits = self.dev.waits()
@@ -85,6 +89,8 @@ class Model:
                 raise AssertionError(f"[{p:#x}, {end:#x}) overlaps a live range [{q:#x}, {e:#x})")
         self.live[p] = (end, size)
         self.peak = max(self.peak, self.allocated())
+        self.allocations += 1
+        self.allocated_total += end - p
         return p
 
     def free(self, p: int, on_thread: bool = False) -> None:
@@ -115,6 +121,8 @@ class Model:
         assert s["allocated_bytes"]["all"]["peak"] == self.peak
         assert s["requested_bytes"]["all"]["current"] == sum(r for _, r in self.live.values())
         assert s["allocation"]["all"]["current"] == len(self.live)
+        assert s["allocation"]["all"]["allocated"] == self.allocations
+        assert s["allocated_bytes"]["all"]["allocated"] == self.allocated_total
         assert s["active"]["all"]["current"] >= len(self.live)
         self.arena.check_invariants()
 

@@ -1724,22 +1724,38 @@ void Arena::replay_enter_locked() {
     // clean when the step began, every earlier occupant freed). Its stats
     // were booked by the fast path: taken off, then booked again by
     // mark_allocated (the current values come back to what they were, so
-    // no peak moves).
+    // no peak moves). The accumulated counts come back too: the allocation
+    // was booked once, by the fast path, so neither the taking off (a free)
+    // nor the booking again (an allocation) may count.
     Segment* seg = steps_->fast_segment();
+    const int pool_at = static_cast<int>(replay_pool_);
+    auto unbook = [&](StatArray& a, std::int64_t amount) {
+      for (int at : {0, pool_at}) {
+        a[at].current -= amount;  // booked by replay_book_locked: no underflow
+      }
+    };
+    auto uncount = [&](StatArray& a, std::int64_t amount) {
+      for (int at : {0, pool_at}) a[at].allocated -= amount;
+    };
     for (const StepPlanner::FastBlock& f : steps_->take_fast_live()) {
-      const PoolKind pool = replay_pool_;
       const auto bytes = static_cast<std::int64_t>(f.rounded);
-      stats_.sub(stats_.allocation, pool, 1);
-      stats_.sub(stats_.allocated_bytes, pool, bytes);
-      stats_.sub(stats_.requested_bytes, pool, static_cast<std::int64_t>(f.requested));
-      stats_.sub(stats_.active, pool, 1);
-      stats_.sub(stats_.active_bytes, pool, bytes);
+      const auto req = static_cast<std::int64_t>(f.requested);
+      unbook(stats_.allocation, 1);
+      unbook(stats_.allocated_bytes, bytes);
+      unbook(stats_.requested_bytes, req);
+      unbook(stats_.active, 1);
+      unbook(stats_.active_bytes, bytes);
       Block* b = territory_.place(seg, static_cast<std::size_t>(f.ptr - seg->base), f.rounded,
                                   f.requested, f.stream);
       if (!b || b->ptr != f.ptr) {
         debug::assertion_failed("replay fast path: a live allocation's range is not free territory",
                                 __FILE__, __LINE__);
       }
+      uncount(stats_.allocation, 1);
+      uncount(stats_.allocated_bytes, bytes);
+      uncount(stats_.requested_bytes, req);
+      uncount(stats_.active, 1);
+      uncount(stats_.active_bytes, bytes);
       steps_->adopt_fast_block(b, f.position);
     }
   } catch (...) {
