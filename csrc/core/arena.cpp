@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -1758,13 +1761,27 @@ void Arena::replay_enter_locked() {
       uncount(stats_.active_bytes, bytes);
       steps_->adopt_fast_block(b, f.position);
     }
+  } catch (const std::exception& e) {
+    // Only host memory for a block, an index or live-map entry can fail
+    // (bad_alloc), after the fast path's table was emptied: the allocations
+    // not yet made blocks would be neither blocks nor in the table, their
+    // ranges free territory that a later placement could hand out again.
+    // No caller could recover from that, so it stops here, loudly, rather
+    // than go on with live tensors it no longer knows.
+    flush_failed(e.what());
   } catch (...) {
-    // Only a block's storage can fail (bad_alloc): the fast path stops.
-    replay_disarm_locked();
-    replay_held_ = false;
-    replay_lock_.unlock();
-    throw;
+    flush_failed("unknown exception");
   }
+}
+
+void Arena::flush_failed(const char* what) noexcept {
+  std::fprintf(stderr,
+               "torch_renaissance: the planned replay's fast path could not hand its live "
+               "allocations back to the arena (%s); aborting rather than lose track of live "
+               "memory\n",
+               what);
+  std::fflush(stderr);
+  std::abort();
 }
 
 void Arena::replay_book_locked() {

@@ -380,6 +380,8 @@ class Arena : private TerritoryHost {
   // the fast path may go on (the opener's own operation, same step and
   // layout, no deviation), then releases the replay lock.
   void replay_enter_locked();
+  // The flush failed (host out of memory part-way): prints why and aborts.
+  [[noreturn]] static void flush_failed(const char* what) noexcept;
   void replay_leave_locked() noexcept;
   void replay_disarm_locked() noexcept;
   // After StepPlanner::begin_step: arms the fast path for the calling thread.
