@@ -25,91 +25,28 @@ step is then served dynamically, not replayed). The arena must count exactly tho
 from __future__ import annotations
 
 import random
-import threading
 
 import pytest
 
-KiB = 1 << 10
-DEVIATIONS = ("late", "early", "cross", "thread", "record_stream", "bigger", "smaller", "extra")
+from replay_model import DEVIATIONS, KiB, RangeModel, after_alloc, age_late, deviated_size, \
+    free_op, make_step, overlaps, rounded
 
 
-def make_step(rng: random.Random, n: int):
-    sizes = [512 * round(2 ** rng.uniform(0, 9)) for _ in range(n)]
-    due: dict = {}
-    ops = []
-    for i in range(n):
-        ops.append(("a", i))
-        life = 1 + int(rng.expovariate(1 / 6)) if rng.random() < 0.9 else rng.randrange(n)
-        due.setdefault(i + life, []).append(i)
-        for j in due.pop(i, []):
-            ops.append(("f", j))
-    for t in sorted(due):
-        ops.extend(("f", j) for j in due[t])
-    return sizes, ops
+class Model(RangeModel):
+    """Live and outstanding ranges and the stats sums, kept by the test; the stats are
+    read after every operation."""
 
-
-def overlaps(a0, a1, ranges) -> bool:
-    return any(a0 < r1 and r0 < a1 for r0, r1 in ranges)
-
-
-class Model:
-    """Live and outstanding ranges and the stats sums, kept by the test."""
-
-    def __init__(self, C, arena, dev):
-        self.C, self.arena, self.dev = C, arena, dev
-        self.live: dict = {}  # address -> (end, block bytes, requested bytes)
-        # Ranges freed while a side stream had work on them: (start, end, stream, the
-        # stream's enqueued count then, the device's wait count then). Free for reuse on
-        # stream 0 once the stream completed that much (run_all, or the arena
-        # synchronizing its event on the host), or once stream 0 was made to wait on an
-        # event of it that covers that work (the territory's epoch events).
-        self.outstanding: list = []
-
-    def occupied(self):
-        waits = self.dev.waits()
-
-        def done(o):
-            return self.dev.completed(o[2]) >= o[3] or any(
-                w.stream == 0 and w.event_stream == o[2] and w.event_position >= o[3]
-                for w in waits[o[4]:])
-
-        self.outstanding = [o for o in self.outstanding if not done(o)]
-        return [(p, e) for p, (e, _, _) in self.live.items()] + [o[:2] for o in self.outstanding]
-
-    def alloc(self, size: int) -> int:
-        p = self.arena.allocate(size)
+    def block_end(self, p: int, size: int) -> int:
         n = self.arena.block_size(p)
         assert n >= size
-        if overlaps(p, p + n, self.occupied()):
-            raise AssertionError(f"block [{p:#x}, {p + n:#x}) overlaps a live or outstanding range")
-        self.live[p] = (p + n, n, size)
+        return p + n
+
+    def after_op(self) -> None:
         self.check_stats()
-        return p
-
-    def free(self, p: int, on_thread: bool = False) -> None:
-        del self.live[p]
-        if on_thread:
-            t = threading.Thread(target=self.arena.deallocate, args=(p,))
-            t.start()
-            t.join()
-        else:
-            self.arena.deallocate(p)
-        self.check_stats()
-
-    def free_used_on(self, p: int, side: int) -> None:
-        self.dev.enqueue(side, 1)
-        self.arena.record_stream(p, side)
-        self.outstanding.append((p, self.live[p][0], side, self.dev.enqueued(side),
-                                 len(self.dev.waits())))
-        self.free(p)
-
-    def side_work_done(self) -> None:
-        self.dev.run_all()
-        assert not self.occupied()[len(self.live):]
 
     def check_stats(self) -> None:
         s = self.arena.stats()
-        blocks = sum(n for _, n, _ in self.live.values())
+        blocks = self.allocated()
         assert s["allocated_bytes"]["all"]["current"] == blocks
         assert s["requested_bytes"]["all"]["current"] == sum(r for _, _, r in self.live.values())
         assert s["allocation"]["all"]["current"] == len(self.live)
@@ -138,11 +75,7 @@ def run_step(model: Model, sizes, ops, key, deviation=None, rng=None, carried=()
     cut = False  # the arena's conflict limit (StepPlanner::kConflictLimit, kConflictShare)
     for op, i in ops:
         if op == "a":
-            size = sizes[i]
-            if i == target and deviation == "bigger":
-                size = sizes[i] * 2 + 512
-            elif i == target and deviation == "smaller":
-                size = max(1, sizes[i] - 700)
+            size = deviated_size(sizes[i], i, target, deviation)
             if planned is not None and not cut:
                 # The range the arena checks: the planned address, this request's bytes.
                 start = planned[i]
@@ -153,28 +86,10 @@ def run_step(model: Model, sizes, ops, key, deviation=None, rng=None, carried=()
                 else:
                     hits += 1
             addr[i] = model.alloc(size)
-            if i == target and deviation == "early":
-                model.free(addr[i])
-            if i == target and deviation == "extra":
-                model.free(model.alloc(3 * KiB + 64))
+            after_alloc(model, addr[i], i, target, deviation)
         else:
-            if i == target and deviation == "early":
-                pass  # freed already
-            elif i == target and deviation == "late":
-                late.append([rng.randrange(20, 200), addr[i]])
-            elif i == target and deviation == "cross":
-                keep.append(addr[i])
-            elif i == target and deviation == "thread":
-                model.free(addr[i], on_thread=True)
-            elif i == target and deviation == "record_stream":
-                model.free_used_on(addr[i], side)
-            else:
-                model.free(addr[i])
-        for entry in late:
-            entry[0] -= 1
-        for entry in [e for e in late if e[0] <= 0]:
-            late.remove(entry)
-            model.free(entry[1])
+            free_op(model, addr[i], i, target, deviation, rng, late, keep, side)
+        age_late(model, late)
     for _, p in late:
         model.free(p)
     if deviation == "record_stream":
@@ -189,7 +104,7 @@ def test_deviating_replays_never_overlap_and_are_counted(C, seed):
     dev = C.SimDevice()
     side = dev.new_stream()
     arena = C.Arena(dev, plan_budget_seconds=0.02)
-    model = Model(C, arena, dev)
+    model = Model(arena, dev)
     sizes, ops = make_step(rng, 160)
     key = 7
     clean = []  # (addresses, plans) of the last clean replays
@@ -235,11 +150,6 @@ def test_deviating_replays_never_overlap_and_are_counted(C, seed):
     # The test checked predictions, and some of them were conflicts.
     assert checked >= 4 and conflicts_seen > 0, (checked, conflicts_seen)
     assert arena.stats()["renaissance"]["planned_steps"] >= 30
-
-
-def rounded(size: int) -> int:
-    """A request's block size on a SimDevice arena (512 B alignment, PyTorch's rounding)."""
-    return (size + 511) // 512 * 512
 
 
 def test_a_late_free_conflicts_and_its_successor_goes_elsewhere(C):

@@ -26,92 +26,32 @@ import threading
 
 import pytest
 
-KiB = 1 << 10
-DEVIATIONS = ("late", "early", "cross", "thread", "record_stream", "bigger", "smaller",
-              "extra", "read")
+from replay_model import DEVIATIONS as _KINDS, KiB, RangeModel, after_alloc, age_late, \
+    deviated_size, free_op, make_step, rounded
+
+DEVIATIONS = _KINDS + ("read",)
 
 
-def rounded(size: int) -> int:
-    return (size + 511) // 512 * 512
-
-
-def make_step(rng: random.Random, n: int):
-    sizes = [512 * round(2 ** rng.uniform(0, 9)) for _ in range(n)]
-    due: dict = {}
-    ops = []
-    for i in range(n):
-        ops.append(("a", i))
-        life = 1 + int(rng.expovariate(1 / 6)) if rng.random() < 0.9 else rng.randrange(n)
-        due.setdefault(i + life, []).append(i)
-        for j in due.pop(i, []):
-            ops.append(("f", j))
-    for t in sorted(due):
-        ops.extend(("f", j) for j in due[t])
-    return sizes, ops
-
-
-class Model:
-    """Live and outstanding ranges, the stats sums and the allocated peak, kept by the test."""
+class Model(RangeModel):
+    """Live and outstanding ranges, the stats sums and the allocated peak, kept by the test.
+    Nothing is read between operations (a read flushes the fast path): a block's end is
+    the address plus the request rounded as the SimDevice rounds it."""
 
     def __init__(self, arena, dev):
-        self.arena, self.dev = arena, dev
-        self.live: dict = {}  # address -> (end, requested bytes)
-        # Ranges freed while a side stream had work on them (as in test_replay_deviation):
-        # (start, end, stream, the stream's enqueued count then, the device's wait count
-        # then). Free for reuse on stream 0 once the stream completed that much, or once
-        # stream 0 was made to wait on an event of it covering that work (epoch events).
-        self.outstanding: list = []
+        super().__init__(arena, dev)
         self.peak = 0
         # Accumulated: every allocation booked once, whatever flushes came between
         # (a flush turns the fast path's live allocations into blocks, not into new ones).
         self.allocations = 0
         self.allocated_total = 0
 
-    def occupied(self):
-        waits = self.dev.waits()
+    def block_end(self, p: int, size: int) -> int:
+        return p + rounded(size)
 
-        def done(o):
-            return self.dev.completed(o[2]) >= o[3] or any(
-                w.stream == 0 and w.event_stream == o[2] and w.event_position >= o[3]
-                for w in waits[o[4]:])
-
-        self.outstanding = [o for o in self.outstanding if not done(o)]
-        return [(p, e) for p, (e, _) in self.live.items()] + [o[:2] for o in self.outstanding]
-
-    def allocated(self) -> int:
-        return sum(e - p for p, (e, _) in self.live.items())
-
-    def alloc(self, size: int) -> int:
-        p = self.arena.allocate(size)
-        end = p + rounded(size)
-        for q, e in self.occupied():
-            if p < e and q < end:
-                raise AssertionError(f"[{p:#x}, {end:#x}) overlaps a live range [{q:#x}, {e:#x})")
-        self.live[p] = (end, size)
+    def allocated_one(self, p: int, end: int) -> None:
         self.peak = max(self.peak, self.allocated())
         self.allocations += 1
         self.allocated_total += end - p
-        return p
-
-    def free(self, p: int, on_thread: bool = False) -> None:
-        del self.live[p]
-        if on_thread:
-            t = threading.Thread(target=self.arena.deallocate, args=(p,))
-            t.start()
-            t.join()
-        else:
-            self.arena.deallocate(p)
-
-    def free_used_on(self, p: int, side: int) -> None:
-        self.dev.enqueue(side, 1)
-        self.arena.record_stream(p, side)
-        self.outstanding.append((p, self.live[p][0], side, self.dev.enqueued(side),
-                                 len(self.dev.waits())))
-        self.free(p)
-
-    def side_work_done(self) -> None:
-        self.dev.run_all()
-        assert not self.occupied()[len(self.live):]
 
     def check(self) -> None:
         """A read: flushes the fast path; the books must be the model's."""
@@ -119,7 +59,7 @@ class Model:
         blocks = self.allocated()
         assert s["allocated_bytes"]["all"]["current"] == blocks
         assert s["allocated_bytes"]["all"]["peak"] == self.peak
-        assert s["requested_bytes"]["all"]["current"] == sum(r for _, r in self.live.values())
+        assert s["requested_bytes"]["all"]["current"] == sum(r for _, _, r in self.live.values())
         assert s["allocation"]["all"]["current"] == len(self.live)
         assert s["allocation"]["all"]["allocated"] == self.allocations
         assert s["allocated_bytes"]["all"]["allocated"] == self.allocated_total
@@ -140,33 +80,11 @@ def run_step(model: Model, sizes, ops, key, rng, deviation=None, carried=(), sid
     keep = []
     for k, (op, i) in enumerate(ops):
         if op == "a":
-            size = sizes[i]
-            if i == target and deviation == "bigger":
-                size = sizes[i] * 2 + 512
-            elif i == target and deviation == "smaller":
-                size = max(1, sizes[i] - 700)
-            addr[i] = model.alloc(size)
-            if i == target and deviation == "early":
-                model.free(addr[i])
-            if i == target and deviation == "extra":
-                model.free(model.alloc(3 * KiB + 64))
-        elif i == target and deviation == "early":
-            pass
-        elif i == target and deviation == "late":
-            late.append([rng.randrange(20, 200), addr[i]])
-        elif i == target and deviation == "cross":
-            keep.append(addr[i])
-        elif i == target and deviation == "thread":
-            model.free(addr[i], on_thread=True)
-        elif i == target and deviation == "record_stream":
-            model.free_used_on(addr[i], side)
+            addr[i] = model.alloc(deviated_size(sizes[i], i, target, deviation))
+            after_alloc(model, addr[i], i, target, deviation)
         else:
-            model.free(addr[i])
-        for entry in late:
-            entry[0] -= 1
-        for entry in [e for e in late if e[0] <= 0]:
-            late.remove(entry)
-            model.free(entry[1])
+            free_op(model, addr[i], i, target, deviation, rng, late, keep, side)
+        age_late(model, late)
         if k in reads:
             model.check()  # a flush in the middle of the step; the fast path goes on
     for _, p in late:
