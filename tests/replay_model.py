@@ -160,3 +160,21 @@ def age_late(model: RangeModel, late: list) -> None:
     for entry in [e for e in late if e[0] <= 0]:
         late.remove(entry)
         model.free(entry[1])
+
+
+def late_free_step(arena, sizes, late: bool = False, key: int = 3):
+    """A hand-made step of three buffers a, b, c (``sizes``): a dies before b is made, so
+    the plan puts b where a was; with ``late``, a is freed only after b and c are made.
+    Returns the addresses (a, b, c)."""
+    arena.begin_step(key)
+    a = arena.allocate(sizes[0])
+    if not late:
+        arena.deallocate(a)
+    b = arena.allocate(sizes[1])
+    c = arena.allocate(sizes[2])
+    if late:
+        arena.deallocate(a)
+    arena.deallocate(b)
+    arena.deallocate(c)
+    arena.end_step()
+    return a, b, c

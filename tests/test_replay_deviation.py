@@ -29,7 +29,7 @@ import random
 import pytest
 
 from replay_model import DEVIATIONS, KiB, RangeModel, after_alloc, age_late, deviated_size, \
-    free_op, make_step, overlaps, rounded
+    free_op, late_free_step, make_step, overlaps, rounded
 
 
 class Model(RangeModel):
@@ -158,18 +158,7 @@ def test_a_late_free_conflicts_and_its_successor_goes_elsewhere(C):
     sizes = [64 * KiB, 64 * KiB, 64 * KiB]
 
     def step(late=False):
-        arena.begin_step(3)
-        a = arena.allocate(sizes[0])
-        if not late:
-            arena.deallocate(a)
-        b = arena.allocate(sizes[1])
-        c = arena.allocate(sizes[2])
-        if late:
-            arena.deallocate(a)
-        arena.deallocate(b)
-        arena.deallocate(c)
-        arena.end_step()
-        return a, b, c
+        return late_free_step(arena, sizes, late)
 
     for _ in range(4):
         a, b, c = step()

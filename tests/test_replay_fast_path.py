@@ -27,7 +27,7 @@ import threading
 import pytest
 
 from replay_model import DEVIATIONS as _KINDS, KiB, RangeModel, after_alloc, age_late, \
-    deviated_size, free_op, make_step, rounded
+    deviated_size, free_op, late_free_step, make_step, rounded
 
 DEVIATIONS = _KINDS + ("read",)
 
@@ -145,18 +145,7 @@ def test_a_late_free_keeps_its_successor_off_the_fast_path(C):
     arena = C.Arena(C.HostDevice(), plan_budget_seconds=0.02)
 
     def step(late=False):
-        arena.begin_step(3)
-        a = arena.allocate(64 * KiB)
-        if not late:
-            arena.deallocate(a)
-        b = arena.allocate(64 * KiB)
-        c = arena.allocate(64 * KiB)
-        if late:
-            arena.deallocate(a)
-        arena.deallocate(b)
-        arena.deallocate(c)
-        arena.end_step()
-        return a, b, c
+        return late_free_step(arena, [64 * KiB] * 3, late)
 
     for _ in range(4):
         a, b, c = step()
