@@ -114,3 +114,43 @@ def test_serving_loop_steps_between_calls_do_not_conflict(C, seed):
     # Before: conflicts in every seed (16-81 in 16 calls), for good.
     assert sum(per_call[6:]) == 0, per_call
     arena.check_invariants()
+
+
+def test_another_threads_free_is_no_obstacle_of_the_plan(C):
+    """A block another thread made during a recorded step and frees during a later step
+    (a worker's buffer) is no other key's output: the plan made at the end of that step
+    must not plan around it (it raised the plan from the step's 24 MiB to 78 MiB in the
+    threads test of test_territory.py, intermittently)."""
+    import threading
+
+    MiB = 1 << 20
+    arena = C.Arena(C.HostDevice(), plan_budget_ms=0)
+
+    def on_thread(fn, *args):
+        out = []
+        t = threading.Thread(target=lambda: out.append(fn(*args)))
+        t.start()
+        t.join()
+        return out[0] if out else None
+
+    def step(n, worker=None):
+        arena.begin_step()
+        ps = [arena.allocate(MiB) for _ in range(n)]
+        if worker is not None:
+            worker()
+        for p in ps:
+            arena.deallocate(p)
+        arena.end_step()
+
+    held = []
+    step(4, lambda: held.extend(on_thread(arena.allocate, 16 * MiB) for _ in range(3)))
+    step(4)
+    step(6)  # a new shape: recorded
+    step(6, lambda: [on_thread(arena.deallocate, p) for p in held])  # planned here
+    r = arena.stats()["renaissance"]
+    assert r["plans"] >= 2, r
+    assert r["step_load_bytes"] == 6 * MiB, r
+    assert r["plan_bytes"] == 6 * MiB, r
+    step(6)
+    assert arena.stats()["renaissance"]["last_step_hits"] == 6
+    arena.check_invariants()

@@ -130,6 +130,22 @@ def test_steady_reason_says_planning_is_off(tmp_path):
     assert rep["steady_reason"] == "planning is off (planning:False): the dynamic pool served every step"
 
 
+def test_steady_reason_names_a_step_on_function_never_called(tmp_path):
+    # It said "for inference give --step-on" beside a --step-on that was given.
+    prog = tmp_path / "infer.py"
+    prog.write_text("import torch\nm = torch.nn.Linear(8, 8)\nwith torch.no_grad():\n"
+                    "    for _ in range(3):\n        m(torch.randn(4, 8))\n")
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(out),
+                        "--step-on", "torch.nn.functional.gelu", str(prog)],
+                       capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["step_boundaries"] == 0
+    assert rep["steady_reason"] == ("no step boundary was seen: no optimizer.step() and no call of "
+                                    "torch.nn.functional.gelu (--step-on)")
+
+
 def _both(tmp_path, args, cwd=None):
     """(python's, run's) (exit code, stdout, stderr) for ``args``."""
     out = []

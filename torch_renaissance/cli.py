@@ -614,7 +614,10 @@ def _finish_run(args: argparse.Namespace, rec: _Recorder, report_file, code: int
     for d in used:
         n = len(rec.boundaries)  # optimizer steps and --step-on calls
         reason = None
-        if n == 0:
+        if n == 0 and args.step_on:
+            reason = ("no step boundary was seen: no optimizer.step() and no call of "
+                      + ", ".join(args.step_on) + " (--step-on)")
+        elif n == 0:
             reason = ("no step boundary was seen: run makes each optimizer.step() one; for "
                       "inference give --step-on (e.g. transformers.GenerationMixin.generate)")
         rep = tr.stats.report(d, times, rec.earlier.get(d), reason)

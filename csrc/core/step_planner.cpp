@@ -189,7 +189,11 @@ void StepPlanner::on_free(Block* b) {
   } else if (open_ && prev_ && b->step == prev_->step) {
     cur_->livein_frees.emplace_back(b->seq, clock_++);
   } else {
-    if (open_) {
+    // Freed by one of the step's threads: the step's own doing (the previous
+    // key's output replaced). Another thread's free (a worker freeing what it
+    // made during a recorded step) says nothing of this step's layout, and as
+    // an obstacle it would only raise the plan.
+    if (open_ && counts_thread(thread_tag())) {
       cur_->foreign_frees.push_back(
           StepTrace::ForeignFree{reinterpret_cast<std::uintptr_t>(b->ptr), b->size, clock_, b->step, b->seq});
     }
