@@ -68,7 +68,9 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict:
             if key in nested:
                 nested[key] = value
     r = nested["renaissance"]
-    requests = r["planned_requests"]
+    # Over every allocation of the planned steps: those after a replay stopped
+    # (a miss, the conflict limit) were not served by the plan.
+    requests = r["planned_requests"] + r["planned_unserved"]
     r["hit_rate"] = r["planned_hits"] / requests if requests else 0.0
     comparable = r["last_step_comparable"]
     r["address_stability"] = r["last_step_same_address"] / comparable if comparable else 0.0
@@ -85,7 +87,9 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     ``planned_hits`` / ``planned_misses`` / ``planned_conflicts`` (requests in
     planned steps served at their planned offset / not matching the trace /
     matching but blocked by a live block), ``planned_fast_hits`` (of the hits,
-    those served by the replay fast path, without the arena's lock), ``plan_bytes`` (planned territory),
+    those served by the replay fast path, without the arena's lock), ``planned_unserved``
+    (allocations of planned steps after their replay stopped, served by the dynamic pool;
+    ``hit_rate`` is ``planned_hits`` over these and ``planned_requests`` together), ``plan_bytes`` (planned territory),
     ``step_and_persistent_load_bytes`` (LOAD of the step plus the persistent
     bytes live at plan time, of the current layout; old name ``load_bytes``),
     ``largest_load_bytes`` (the largest of those over every layout kept: steps

@@ -158,7 +158,11 @@ struct PlanStats {
   std::int64_t steps = 0;           // step boundaries seen
   std::int64_t planned_steps = 0;   // steps that replayed a plan
   // Named as their stats keys (renaissance.planned_*), in every layer.
-  std::int64_t planned_requests = 0;   // allocations inside planned steps
+  std::int64_t planned_requests = 0;   // allocations of planned steps while they replayed
+  // Allocations of planned steps after their replay stopped (a miss, the
+  // conflict limit): the dynamic pool served them. With planned_requests,
+  // every allocation of the planned steps' own threads.
+  std::int64_t planned_unserved = 0;
   std::int64_t planned_hits = 0;       // served where the plan said
   std::int64_t planned_misses = 0;     // did not match the trace (size, stream, count)
   std::int64_t planned_conflicts = 0;  // matched, but the range was still live

@@ -63,9 +63,15 @@ bool StepPlanner::plans_calling_thread() const {
 
 Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
   // During a CUDA-graph capture no event may be waited on: no replay then.
-  if (!open_ || !replaying_ || !active_ || view_.capturing) return nullptr;
+  if (!open_ || !active_ || view_.capturing) return nullptr;
   // Another thread's work during the step: the dynamic pool, unrecorded.
   if (!counts_thread(thread_tag())) return nullptr;
+  if (!replaying_) {
+    // The rest of a planned step whose replay stopped: counted, so that the
+    // hit rate is over every allocation of the planned steps.
+    if (replayed_) ++stats_.planned_unserved;
+    return nullptr;
+  }
   const std::size_t i = cur_->entries.size();
   ++stats_.planned_requests;
   // The first requests choose among layouts of this key: one whose slot has
@@ -434,6 +440,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
   // buffers go where the previous step's still-live ones are not; the step
   // after a recorded one replays phase 0 (see plan_step).
   phase_ = prev_ && prev_->phase == 0 ? 1 : 0;
+  replayed_ = replaying_;
   if (replaying_) {
     ++stats_.planned_steps;
     cur_->phase = phase_;

@@ -382,6 +382,7 @@ class StepPlanner {
   const StepArenaView view_;
   bool open_ = false;
   bool replaying_ = false;
+  bool replayed_ = false;  // the open step began replaying (planned_unserved)
   std::uint64_t step_ = 0;
   std::uint64_t key_ = 0;  // key of the open (or last) step
   std::int64_t clock_ = 0;
