@@ -153,12 +153,17 @@ void StepPlanner::on_allocated(Block* b) {
   if (!counts_thread(tag)) return;  // not part of the step (b->step stays 0)
   b->step = step_;
   b->seq = static_cast<std::int64_t>(cur_->entries.size());
+  record_entry(b->size, b->stream, reinterpret_cast<std::uintptr_t>(b->ptr), tag);
+}
+
+void StepPlanner::record_entry(std::size_t size, StreamId stream, std::uintptr_t address,
+                               std::uint64_t tag) {
   const std::size_t i = cur_->entries.size();
   TraceRecord& e = cur_->entries.emplace_back();  // built in place (reserved by begin_step)
-  e.size = b->size;
-  e.stream = b->stream;
+  e.size = size;
+  e.stream = stream;
   e.alloc_time = clock_++;
-  e.address = reinterpret_cast<std::uintptr_t>(b->ptr);
+  e.address = address;
   if (std::uintptr_t ref = 0; reference_address(i, ref)) {
     ++cur_comparable_;
     if (ref == e.address) ++cur_same_;
@@ -327,19 +332,11 @@ char* StepPlanner::fast_place(std::size_t requested, std::size_t rounded, Stream
   ++stats_.planned_hits;
   ++stats_.planned_fast_hits;
   ++cur_hits_;
-  // The trace entry, as on_allocated records it.
-  TraceRecord& e = cur_->entries.emplace_back();
-  e.size = rounded;
-  e.stream = stream;
-  e.alloc_time = clock_++;
-  e.address = reinterpret_cast<std::uintptr_t>(ptr);
-  if (std::uintptr_t ref = 0; reference_address(i, ref)) {
-    ++cur_comparable_;
-    if (ref == e.address) ++cur_same_;
-  }
-  cur_->threads.push_back(cur_->opener);
+  // The trace entry, as on_allocated records it (both vectors have room,
+  // checked above: nothing here allocates).
+  record_entry(rounded, stream, reinterpret_cast<std::uintptr_t>(ptr), cur_->opener);
   fast_req_[i] = requested;
-  fast_live_.insert(e.address, static_cast<std::uint32_t>(i));
+  fast_live_.insert(reinterpret_cast<std::uintptr_t>(ptr), static_cast<std::uint32_t>(i));
   return ptr;
 }
 

@@ -328,6 +328,11 @@ class StepPlanner {
   bool same_structure(const Layout& l) const;  // same key, count and streams as the open step
   Layout* covering_layout() const;  // a layout whose slots hold this step
   Block* place_slot(const PlannedBuffer& s, std::size_t requested, std::size_t rounded, StreamId stream);
+  // Appends the open step's next trace entry (allocated now, at `address`,
+  // by thread `tag`) and counts whether it repeats its reference address.
+  // The locked path (on_allocated) and the fast path (fast_place) both
+  // record through it.
+  void record_entry(std::size_t size, StreamId stream, std::uintptr_t address, std::uint64_t tag);
   // The address request i of the open step should repeat (false: none).
   bool reference_address(std::size_t i, std::uintptr_t& out) const;
   void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
