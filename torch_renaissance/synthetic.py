@@ -20,6 +20,9 @@ step of a decoder-only transformer as PyTorch's caching allocator sees it
 The model's widths, sequence length, batch size and the layer count are drawn
 from the seed; ``buffers`` sets about how many buffers the step has (the
 micro-batch count is chosen to reach it).
+
+``alternating_step`` makes a cyclic instance instead: two steps of a loop that keeps its
+previous output, as the step planner plans it (period 2T, lifetimes that wrap).
 """
 from __future__ import annotations
 
