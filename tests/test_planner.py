@@ -528,3 +528,100 @@ def test_cli_plan_device_without_data_is_refused_and_totals_mix_peak_and_dump(tm
     out = json.loads(capsys.readouterr().out)
     assert out["total"]["pytorch_reserved_bytes"] is None
     assert out["total"]["pytorch_reserved_at_dump_bytes"] == want
+
+
+def sweep_check(sizes, lowers, uppers, offsets, period):
+    """Independent O(n log n) validity check of a cyclic plan (no obstacles): every
+    piece of a lifetime (two when it wraps) is an interval of time; at each tick, the
+    byte ranges live must not overlap. Returns the plan size."""
+    import bisect
+
+    events = []  # (tick, 0 = end / 1 = start, index)
+    for i, (s, lo, up) in enumerate(zip(sizes, lowers, uppers)):
+        if s == 0:
+            continue
+        for a, b in pieces(lo, up, period):
+            events.append((a, 1, i))
+            events.append((b, 0, i))
+    events.sort()
+    starts = []  # sorted offsets of the live byte ranges
+    end_at = {}  # offset -> (end, index)
+    for _, kind, i in events:
+        o, e = offsets[i], offsets[i] + sizes[i]
+        if kind == 0:
+            starts.pop(bisect.bisect_left(starts, o))
+            del end_at[o]
+            continue
+        k = bisect.bisect_left(starts, o)
+        assert o not in end_at, f"buffer {i} collides with buffer {end_at.get(o, (0, -1))[1]}"
+        if k > 0:
+            prev_end, j = end_at[starts[k - 1]]
+            assert prev_end <= o, f"buffers {j} and {i} collide"
+        if k < len(starts):
+            assert e <= starts[k], f"buffers {i} and {end_at[starts[k]][1]} collide"
+        starts.insert(k, o)
+        end_at[o] = (e, i)
+    return max(o + s for o, s in zip(offsets, sizes))
+
+
+def diff_load(sizes, lowers, uppers, period):
+    """LOAD by a difference array over the period."""
+    d = [0] * (period + 1)
+    for s, lo, up in zip(sizes, lowers, uppers):
+        for a, b in pieces(lo, up, period):
+            d[a] += s
+            d[b] -= s
+    live, best = 0, 0
+    for t in range(period):
+        live += d[t]
+        best = max(best, live)
+    return best
+
+
+@pytest.mark.parametrize("n, seed, budget", [(2000, 2, 0.25), (3000, 3, 1.0), (2000, 6, 1.0)])
+def test_alternating_steps_plan_at_load(C, n, seed, budget):
+    # Issue 12 / 16, the planner's gap: the two-phase problem of a loop that keeps
+    # its previous output (logits and KV-like cache tensors dropped just before the
+    # step's peak; torch_renaissance.synthetic.alternating_step). Greedy and the
+    # improvement phases of a large instance left one phase's outputs above the
+    # rest (+8.8%, +3.4%, +4.0% over LOAD on these, 1,878-2,810 buffers): the
+    # wrapping buffers held the plan's top at every tick. The canonical search now
+    # runs on such cyclic instances, and reaches LOAD at the step planner's budget
+    # (0.25 s) or at the benchmark's (1 s), the clock off (plans the same on every
+    # machine).
+    from torch_renaissance.synthetic import alternating_step
+
+    lt, period = alternating_step(n, seed)
+    sizes, lowers, uppers = (list(c) for c in zip(*lt))
+    assert sum(u > period for u in uppers) > 0  # the instance is cyclic, with wrapping buffers
+    r = C.plan(sizes, lowers, uppers, period, [], budget, clock_seconds=math.inf)
+    load = diff_load(sizes, lowers, uppers, period)
+    assert r["load"] == load
+    assert sweep_check(sizes, lowers, uppers, r["offsets"], period) == r["size"]
+    assert r["size"] <= load * 1.005, (r["size"] / load, r["method"], r["stopped_by"])
+
+
+@pytest.mark.parametrize("n, seed", [(400, 0), (2000, 1), (6000, 5)])
+def test_alternating_steps_are_two_phases_of_one_loop(n, seed):
+    # The generator: seeded (same seed, same instance; another differs); well formed
+    # cyclic lifetimes; phase 1 is phase 0 shifted by half the period, buffer for
+    # buffer; phase 1's outputs and gradients wrap; phase 0's outputs live longer
+    # than a step (so the layout alternates) and die in phase 1.
+    from torch_renaissance.synthetic import alternating_step
+
+    lt, period = alternating_step(n, seed)
+    assert (lt, period) == alternating_step(n, seed)
+    assert alternating_step(n, seed + 1) != (lt, period)
+    assert 0.75 * n <= len(lt) <= 1.25 * n and len(lt) % 2 == 0 and period % 2 == 0
+    half, step = len(lt) // 2, period // 2
+    for s, lo, up in lt:
+        assert s > 0 and s % 512 == 0 and 0 <= lo < period and lo < up <= lo + period
+    for (s0, lo0, up0), (s1, lo1, up1) in zip(lt[:half], lt[half:]):
+        assert s1 == s0 and lo1 == lo0 + step and up1 == up0 + step
+    wraps = [up > period for _, _, up in lt]
+    assert not any(wraps[:half]) and any(wraps[half:])
+    long_lived = [(s, lo, up) for s, lo, up in lt[:half] if up - lo > step]
+    assert long_lived, "the kept outputs outlive a step"
+    assert all(step < up < period for _, _, up in long_lived)  # dead within phase 1
+    with pytest.raises(ValueError, match="buffers must be in"):
+        alternating_step(100, 0)

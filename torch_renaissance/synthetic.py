@@ -20,6 +20,9 @@ step of a decoder-only transformer as PyTorch's caching allocator sees it
 The model's widths, sequence length, batch size and the layer count are drawn
 from the seed; ``buffers`` sets about how many buffers the step has (the
 micro-batch count is chosen to reach it).
+
+``alternating_step`` makes a cyclic instance instead: two steps of a loop that keeps its
+previous output, as the step planner plans it (period 2T, lifetimes that wrap).
 """
 from __future__ import annotations
 
@@ -289,3 +292,162 @@ def xla_buffers(buffers: int = 10_000, seed: int = 0) -> List[Tuple[int, int, in
         upper = min(horizon, lower + max(1, length))
         out.append((size, lower, upper))
     return out
+
+
+def alternating_step(buffers: int = 2_000, seed: int = 0) -> Tuple[List[Tuple[int, int, int]], int]:
+    """Two training steps of an ordinary loop that keeps its previous output, as one
+    cyclic problem: the *alternating* layout the step planner makes (period 2T).
+
+    The loop is ``opt.zero_grad(); out = model(**batch); out.loss.backward(); opt.step()``
+    with an HF-style model that returns its logits and a KV-like cache (``past_key_values``,
+    two or four tensors per layer) in training too. So each step:
+
+    * frees the previous step's gradients one by one (``zero_grad``);
+    * forward, per layer: activations saved for backward, short-lived temporaries, and the
+      layer's cache tensors, which ``out`` keeps;
+    * the logits, the loss's copy of them and the loss; then ``out = ...`` drops the previous
+      step's outputs (logits, loss, cache) one by one, just before the loss's backward (two
+      logits-sized gradients, then one of the activations; the step's peak when the
+      vocabulary is large beside the attention scores);
+    * backward, layers in reverse: activation gradients (temporaries), the saved activations
+      freed in reverse, the weight gradients, which live until the next ``zero_grad``;
+    * the optimizer's temporaries (two per parameter).
+
+    The outputs live longer than a step (from one forward to just before the next step's
+    backward), so the problem is planned over two steps (phase 0 and phase 1, each buffer
+    twice), with cyclic lifetimes of period 2T: phase 1's outputs and gradients wrap
+    around into phase 0.
+
+    Args:
+        buffers: about how many buffers to make over the two steps (200 to 50,000); the
+            layer count is chosen to reach it (within about 25%).
+        seed: picks the widths, sequence length, batch, vocabulary, cache tensors per layer
+            and the small random variations.
+
+    Returns:
+        ``(lifetimes, period)``: lifetimes as ``(size_bytes, lower, upper)`` with
+        ``0 <= lower < period`` and ``lower < upper <= lower + period`` (``upper > period``
+        wraps around); a tick per allocation or free; sizes are multiples of 512 bytes.
+        Phase 0's buffers come first, then phase 1's in the same order.
+
+    Raises:
+        ValueError: ``buffers`` outside [200, 50,000].
+    """
+    if not 200 <= buffers <= 50_000:
+        raise ValueError(f"buffers must be in [200, 50000], got {buffers}")
+    rng = random.Random(seed)
+    hidden = rng.choice([128, 256, 384, 512, 768])
+    ffn = hidden * rng.choice([2, 4])
+    seq = rng.choice([64, 128, 256])
+    batch = rng.choice([2, 4, 8])
+    vocab = rng.choice([4000, 8000, 16000, 32000])
+    cache_per_layer = rng.choice([2, 2, 4])  # decoder k, v (+ cross-attention k, v)
+    elem = 4
+    tokens = batch * seq
+    act = tokens * hidden * elem
+    heads = max(1, hidden // 64)
+    param_sizes = [hidden * 3 * hidden, hidden * hidden, hidden * ffn, ffn * hidden, hidden, hidden]
+    # About the buffers one layer makes in one step (forward, backward, optimizer).
+    per_layer = 40 + cache_per_layer
+    layers = max(1, round((buffers / 2 - 30) / per_layer))
+    # One step's script of events, replayed for both phases: ("a", key, size) or ("f", key).
+    script: List[tuple] = []
+    kinds = {"grad": [], "out": []}  # keys freed by the next step
+    key = [0]
+
+    def alloc(size: int, kind: str = "") -> int:
+        k = key[0]
+        key[0] += 1
+        script.append(("a", k, _r(size)))
+        if kind:
+            kinds[kind].append(k)
+        return k
+
+    def free(k: int) -> None:
+        script.append(("f", k))
+
+    script.append(("zero_grad",))
+    x = alloc(act)
+    saved: List[List[int]] = []
+    for _ in range(layers):
+        keep = [alloc(act), alloc(3 * act)]
+        scores = alloc(batch * heads * seq * seq * elem)
+        keep.append(alloc(batch * heads * seq * seq * elem))
+        free(scores)
+        for _ in range(cache_per_layer):
+            alloc(tokens * hidden * elem // rng.choice([1, 2]), "out")
+        keep.append(alloc(act))
+        nx = alloc(act)
+        keep.append(alloc(act))
+        keep.append(alloc(tokens * ffn * elem))
+        down = alloc(act)
+        nx2 = alloc(act)
+        free(down)
+        free(x)
+        free(nx)
+        x = nx2
+        for _ in range(rng.randint(0, 3)):
+            free(alloc(tokens * 4 * rng.choice([1, 2])))
+        saved.append(keep)
+    big = tokens * vocab * elem
+    alloc(big, "out")  # the logits
+    shifted = alloc(big)  # the loss's copy of them (shifted labels, float)
+    alloc(512, "out")  # the loss
+    free(x)
+    script.append(("drop_outputs",))
+    # The loss's backward: two logits-sized gradients, live together with the logits and
+    # their copy; the second needs more than the previous logits' slot.
+    g1 = alloc(big)
+    g2 = alloc(big)
+    free(g1)
+    free(shifted)
+    gx = alloc(act)
+    free(g2)
+    for layer in reversed(range(layers)):
+        keep = saved[layer]
+        for k in range(len(keep) - 1, -1, -1):
+            tmp = alloc(act)  # gradient of that activation
+            free(keep[k])
+            if k % 2 == 0:
+                ngx = alloc(act)
+                free(gx)
+                gx = ngx
+            free(tmp)
+        for p in param_sizes:
+            alloc(p * elem, "grad")
+    free(gx)
+    for p in range(layers * len(param_sizes)):  # the optimizer's temporaries
+        size = param_sizes[p % len(param_sizes)] * elem
+        a = alloc(size)
+        b = alloc(size)
+        free(a)
+        free(b)
+    ticks_per_step = sum(1 for e in script if e[0] in ("a", "f")) + len(kinds["grad"]) + len(kinds["out"])
+    period = 2 * ticks_per_step
+    born = {}  # (phase, key) -> (size, tick)
+    died = {}  # (phase, key) -> tick
+    tick = 0
+    for phase in (0, 1):
+        other = 1 - phase
+        for e in script:
+            if e[0] == "a":
+                born[(phase, e[1])] = (e[2], tick)
+            elif e[0] == "f":
+                died[(phase, e[1])] = tick
+            else:  # the previous step's gradients, or its outputs, one by one
+                for k in kinds["grad" if e[0] == "zero_grad" else "out"]:
+                    died[(other, k)] = tick
+                    tick += 1
+                continue
+            tick += 1
+    assert tick == period
+    out: List[Tuple[int, int, int]] = []
+    for phase in (0, 1):
+        for k in range(key[0]):
+            size, lower = born[(phase, k)]
+            end = died.get((phase, k))
+            if end is None:
+                raise AssertionError("every buffer dies")  # the script frees all it makes
+            upper = end + 1 if end >= lower else end + 1 + period
+            out.append((size, lower, upper))
+    return out, period

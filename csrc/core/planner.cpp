@@ -109,6 +109,19 @@ constexpr std::uint32_t kSearchMaxItems = 1500;
 // (its setup walks them).
 constexpr std::uint64_t kSearchMaxObstaclePairs = 4000000;
 constexpr std::uint64_t kSearchMaxTicks = std::uint64_t{1} << 24;
+// Cyclic instances (lifetimes that wrap) get the search up to this many buffers:
+// a wrapping buffer is live at both ends of the period, so the constructive
+// passes place it as a long-lived one, and peak repair and ruin and recreate
+// cannot move it (it holds the plan's top at every tick); the search places
+// it with the peak's buffers. It reached LOAD at 1 s up to 5,344 buffers;
+// at 7,662-7,744 it found nothing in 1 s and took the passes' work
+// (docs/benchmarks.md, issue 12's cyclic pass).
+constexpr std::uint32_t kCyclicSearchMaxItems = 6000;
+// There the constructive passes stop at this fraction of the work count
+// (instead of half), and without obstacles the search gets this share of
+// what is left before ruin and recreate and the peak repair.
+constexpr double kCyclicPassShare = 0.3;
+constexpr double kCyclicSearchShare = 0.7;
 // With fixed obstacles, instances up to this many items (buffers and
 // obstacles) get the peak repair by sub-search; larger ones the ruin and
 // recreate of improve() (a sub-problem there can hold about every item as an
@@ -565,13 +578,21 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
     // budget is dropped.
     const std::uint64_t pass_cost = work.used() - no_work.used();
     bool cut = !greedy_done;  // some phase was stopped by the budget
+    // A cyclic instance too large for the search over it otherwise
+    // (kCyclicSearchMaxItems).
+    const bool cyclic_search = inst.multi_piece && inst.num_free > kSearchMaxItems &&
+                               inst.num_free <= kCyclicSearchMaxItems;
+    const std::uint64_t pass_limit =
+        cyclic_search ? static_cast<std::uint64_t>(kCyclicPassShare * static_cast<double>(limit))
+                      : limit / 2;
     if (greedy_done) {
       for (const Constructive& c : portfolio(inst.num_free)) {
         if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
-        // Large instances: the passes get half of the work count at most,
-        // so that the peak repair gets the rest.
+        // Large instances: the passes get half of the work count at most
+        // (large cyclic ones less), so that the search and the peak repair
+        // get the rest.
         if (work.left() < pass_cost || work.out() ||
-            (inst.num_free > kSearchMaxItems && work.used() + pass_cost > limit / 2)) {
+            (inst.num_free > kSearchMaxItems && work.used() + pass_cost > pass_limit)) {
           cut = true;
           break;
         }
@@ -604,7 +625,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         std::max(best.height, inst.fixed_top) > lower_bound && !work.out()) {
       cut = true;  // every improvement phase runs until the budget is spent
       const bool obstacles = inst.num_items > inst.num_free && map.has_gaps();
-      bool search = inst.num_free <= kSearchMaxItems;
+      bool search = inst.num_free <= kSearchMaxItems || cyclic_search;
       if (search) {
         std::uint64_t ticks = 0;
         for (std::uint32_t i = 0; i < inst.num_free; ++i) {
@@ -621,6 +642,21 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
                                best.offsets, best.method, /*raise=*/true);
           work.absorb(share);
         }
+        detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                             best.method);
+      } else if (search && cyclic_search) {
+        // A large cyclic instance: the search on a share, then the phases
+        // of a large instance (below) on the rest.
+        Work share = work.child(
+            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kCyclicSearchShare));
+        detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
+                             best.offsets, best.method, /*raise=*/true);
+        work.absorb(share);
+        Work first = work.child(
+            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
+        detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
+                        best.method);
+        work.absorb(first);
         detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
       } else if (search) {
