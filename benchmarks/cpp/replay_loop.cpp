@@ -6,8 +6,11 @@
 // operations on malloc/free run beside it.
 //
 // Build and run: `make bench-replay` (build/replay_loop [steps=200]
-// [buffers=1000]; the Makefile has the compile line). Under callgrind, take
-// the difference of two step counts to remove the recording and the plan.
+// [buffers=1000] [malloc=1] [budget=0.05]; the Makefile has the compile
+// line). Under callgrind, take the difference of two step counts with
+// malloc=0 (the malloc/free rounds left out) and budget=0 (the planner's
+// clock-free plan: the same work in both runs) to remove the recording and
+// the plan.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -78,9 +81,11 @@ double run(const Step& s, int steps, Alloc alloc, Free release, bool mark, Arena
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   const int n = argc > 2 ? std::atoi(argv[2]) : 1000;
+  const bool with_malloc = argc > 3 ? std::atoi(argv[3]) != 0 : true;
+  const double budget = argc > 4 ? std::atof(argv[4]) : 0.05;
   const Step s = make_step(n, 0);
   ArenaConfig cfg;
-  cfg.plan_budget_seconds = 0.05;
+  cfg.plan_budget_seconds = budget;
   Arena arena(std::make_shared<HostDevice>(), cfg);
   auto a = [&](std::size_t b) { return arena.allocate(b); };
   auto f = [&](void* p) { arena.deallocate(p); };
@@ -89,12 +94,14 @@ int main(int argc, char** argv) {
   const int rounds = steps >= 20 ? 10 : 1;
   for (int r = 0; r < rounds; ++r) {
     best = std::min(best, run(s, std::max(1, steps / rounds), a, f, true, &arena));
+    if (!with_malloc) continue;
     best_malloc = std::min(best_malloc, run(s, std::max(1, steps / rounds),
                                             [](std::size_t b) { return std::malloc(b); },
                                             [](void* p) { std::free(p); }, false, nullptr));
   }
   const PlanStats ps = arena.plan_stats();
   arena.check_invariants();
+  if (!with_malloc) best_malloc = 0.0;  // not run
   std::printf("replay: %.1f ns per pair (best of %d rounds), malloc/free %.1f; hits %lld of %lld, "
               "conflicts %lld, misses %lld\n",
               best, rounds, best_malloc, static_cast<long long>(ps.last_step_hits),

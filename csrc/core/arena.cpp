@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/replay_fast.h"
 #include "core/step_planner.h"
 
 namespace renaissance {
@@ -184,13 +185,17 @@ void Arena::set_max_reserved_bytes(std::size_t bytes) {
   config_.max_reserved_bytes = bytes;
 }
 
-void* Arena::allocate(std::size_t size, StreamId stream) {
-  if (replay_armed_.load(std::memory_order_relaxed)) {
-    if (void* p = replay_allocate(size, stream)) {
-      if constexpr (debug::kLevel >= 3) debug_check_replay();
-      return p;
-    }
+inline void* Arena::replay_try_allocate(std::size_t size, StreamId stream) noexcept {
+  if (!replay_armed_.load(std::memory_order_relaxed)) return nullptr;
+  void* p = replay_allocate(size, stream);
+  if constexpr (debug::kLevel >= 3) {
+    if (p) debug_check_replay();
   }
+  return p;
+}
+
+void* Arena::allocate(std::size_t size, StreamId stream) {
+  if (void* p = replay_try_allocate(size, stream)) return p;
   if (size - 1 < front_max_) {  // 0 < size <= front_max_
     if (void* p = front_allocate(size, stream)) {
       if constexpr (debug::kLevel >= 3) debug_check_fast_path();
@@ -219,12 +224,7 @@ void Arena::check_stream(StreamId stream) const {
 
 void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) {
   if (size == 0) return nullptr;
-  if (replay_armed_.load(std::memory_order_relaxed)) {
-    if (void* p = replay_allocate(size, stream)) {
-      if constexpr (debug::kLevel >= 3) debug_check_replay();
-      return p;
-    }
-  }
+  if (void* p = replay_try_allocate(size, stream)) return p;
   check_stream(stream);
   if (const char* why = impossible(size)) {
     Op g(*this);
@@ -265,12 +265,7 @@ void* Arena::allocate(std::size_t size, StreamId stream, const OomHooks& hooks) 
 
 void* Arena::try_allocate(std::size_t size, StreamId stream) {
   if (size == 0 || impossible(size)) return nullptr;
-  if (replay_armed_.load(std::memory_order_relaxed)) {
-    if (void* p = replay_allocate(size, stream)) {
-      if constexpr (debug::kLevel >= 3) debug_check_replay();
-      return p;
-    }
-  }
+  if (void* p = replay_try_allocate(size, stream)) return p;
   check_stream(stream);
   if (size <= front_max_) {
     if (void* p = front_allocate(size, stream)) {
@@ -1830,6 +1825,8 @@ void Arena::replay_leave_locked() noexcept {
         // Only the tables' storage can fail (bad_alloc): stays disarmed.
       }
     }
+  } else {
+    steps_->fast_refresh();  // the slow path may have grown the trace's room
   }
   replay_held_ = false;
   replay_lock_.unlock();

@@ -378,6 +378,9 @@ class Arena : private TerritoryHost {
   // mu_, inside the replay lock's fast section (an asymmetric Dekker pair,
   // FrontLock). nullptr / false: take the slow path.
   void* replay_allocate(std::size_t size, StreamId stream) noexcept;
+  // allocate()'s and try_allocate()'s first attempt: the fast path when it
+  // is armed (with TR_DEBUG=3's check after it); nullptr: go on.
+  inline void* replay_try_allocate(std::size_t size, StreamId stream) noexcept;
   bool replay_deallocate(void* ptr) noexcept;
   // With mu_ held: takes the replay lock when armed and flushes (the fast
   // path's live allocations become territory blocks); leave disarms unless

@@ -44,26 +44,39 @@ void ReplayRoute::build(const std::vector<std::size_t>& offset,
     }
     start_.push_back(static_cast<std::uint32_t>(preds_.size()));
   }
-}
-
-void FastLive::reset(std::size_t capacity_hint) {
-  std::size_t cap = 16;
-  while (cap < 2 * capacity_hint) cap *= 2;
-  if (slots_.size() != cap) {
-    slots_.assign(cap, Slot{});
-  } else if (used_ != 0) {
-    std::fill(slots_.begin(), slots_.end(), Slot{});
+  // Spots: the distinct starts, in a read-only table at most half full.
+  std::size_t planned = 0;
+  top_ = 0;
+  for (std::size_t i = 0; i < offset.size(); ++i) {
+    if (size[i] > 0) {
+      ++planned;
+      top_ = std::max(top_, offset[i] + size[i]);
+    }
   }
+  std::size_t cap = 2;
+  while (cap < 2 * planned) cap *= 2;
+  table_.assign(cap, SpotSlot{kNoKey, 0});
   mask_ = cap - 1;
   shift_ = 64;
   for (std::size_t c = cap; c > 1; c >>= 1) --shift_;
-  used_ = 0;
+  spot_.assign(offset.size(), 0);
+  spot_count_ = 0;
+  for (std::size_t i = 0; i < offset.size(); ++i) {
+    if (size[i] == 0) continue;
+    std::size_t h = home(offset[i]);
+    while (table_[h].key != kNoKey && table_[h].key != offset[i]) h = (h + 1) & mask_;
+    if (table_[h].key == kNoKey) {
+      table_[h] = SpotSlot{offset[i], static_cast<std::uint32_t>(spot_count_++)};
+    }
+    spot_[i] = table_[h].spot;
+  }
 }
 
-void FastLive::clear() {
-  if (used_ == 0) return;
-  std::fill(slots_.begin(), slots_.end(), Slot{});
-  used_ = 0;
+void FastSlots::reset(std::size_t spots, std::size_t positions) {
+  at_.assign(spots, 0);
+  made_.resize(positions);
+  made_n_ = 0;
+  live_ = 0;
 }
 
 }  // namespace renaissance

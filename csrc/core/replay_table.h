@@ -2,7 +2,8 @@
 // trace position of one layout's phase, its planned range and its
 // immediate spatial predecessors; per step, which positions are clean (their
 // range was wholly free territory when the step began), which were freed in
-// the step, and the fast path's live allocations by address. The policy
+// the step, and the fast path's live allocations by the spot (planned start)
+// they stand at. The policy
 // that uses it (who may serve what, when it is flushed) is in
 // step_planner.cpp ("fast path") and arena.cpp (the replay lock); what each
 // invariant rests on is in docs/design.md ("Planned replay, slot table").
@@ -13,9 +14,12 @@
 //       x in [off_i, off_i + size_i) }, without duplicates (a painter's
 //     sweep over the positions in trace order). Unplanned positions (sizes
 //     0: served by the dynamic pool) have no range and no predecessors.
-//   * FastLive: each key (an address handed out by the fast path and not
-//     yet freed or flushed) is present once; at most half the slots are
-//     used (linear probing, backward-shift deletion).
+//   * ReplayRoute's spots: spot(i) == spot(j) exactly when planned
+//     positions i and j start at the same offset; find_spot(off) is that
+//     spot for every planned start and -1 for any other offset.
+//   * FastSlots: a spot holds at most one position (the fast path's live
+//     check: two live positions never overlap), and every live position is
+//     among the ones made since the last take_all().
 #pragma once
 
 #include <cstddef>
@@ -34,6 +38,21 @@ class ReplayRoute {
   std::size_t size(std::size_t i) const { return size_[i]; }
   const std::uint32_t* preds_begin(std::size_t i) const { return preds_.data() + start_[i]; }
   const std::uint32_t* preds_end(std::size_t i) const { return preds_.data() + start_[i + 1]; }
+  // Spots: the distinct starts of the planned positions, numbered 0..spots()-1.
+  std::size_t spots() const { return spot_count_; }
+  // Position i's spot (planned positions only).
+  std::uint32_t spot(std::size_t i) const { return spot_[i]; }
+  // The spot starting at `offset`, or -1 (no planned position starts there).
+  // Read-only open addressing built with the route: at most half full.
+  std::int64_t find_spot(std::size_t offset) const {
+    for (std::size_t i = home(offset);; i = (i + 1) & mask_) {
+      const SpotSlot& s = table_[i];
+      if (s.key == offset) return s.spot;
+      if (s.key == kNoKey) return -1;
+    }
+  }
+  // The highest end of a planned range (0: none).
+  std::size_t top() const { return top_; }
 
   // What the route was built for (StepPlanner's cache key).
   const void* layout = nullptr;
@@ -43,75 +62,69 @@ class ReplayRoute {
   std::vector<std::size_t> offset_, size_;
   std::vector<std::uint32_t> start_;  // positions + 1 entries into preds_
   std::vector<std::uint32_t> preds_;
+  struct SpotSlot {
+    std::size_t key;  // an offset, or kNoKey
+    std::uint32_t spot;
+  };
+  static constexpr std::size_t kNoKey = ~std::size_t(0);
+  std::size_t home(std::size_t offset) const {
+    return static_cast<std::size_t>(((offset >> 6) * 0x9E3779B97F4A7C15ull) >> shift_) & mask_;
+  }
+  std::vector<std::uint32_t> spot_;  // per position (planned ones)
+  std::vector<SpotSlot> table_{SpotSlot{kNoKey, 0}};
+  std::size_t mask_ = 0, spot_count_ = 0, top_ = 0;
+  unsigned shift_ = 63;
 };
 
-// Address -> trace position of the fast path's live allocations.
-class FastLive {
+// The fast path's live allocations of one arming: per spot of the route
+// (a distinct planned start), the position standing there now. Sized once
+// per route; an allocation stores into its position's spot (no probing), a
+// free finds the spot from the address with the route's read-only table.
+// Only positions with a spot are entered.
+class FastSlots {
  public:
-  void reset(std::size_t capacity_hint);
-  std::size_t size() const { return used_; }
-  // The position of `p`, or -1.
-  std::int64_t find(std::uintptr_t p) const {
-    if (slots_.empty()) return -1;
-    for (std::size_t i = home(p);; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.key == p) return s.pos;
-      if (s.key == 0) return -1;
-    }
+  // Room for `spots` spots and `positions` allocations between two take_all().
+  void reset(std::size_t spots, std::size_t positions);
+  std::size_t size() const { return live_; }
+  // Position `pos` now stands at spot `k` (no other live position is there:
+  // the fast path's live check).
+  void insert(std::uint32_t k, std::uint32_t pos) {
+    at_[k] = pos + 1;
+    made_[made_n_++] = pos;
+    ++live_;
   }
-  // Needs a free slot beyond half the table: reset() with the most keys
-  // that will be present (the fast path never grows it).
-  bool has_room() const { return 2 * (used_ + 1) <= slots_.size(); }
-  void insert(std::uintptr_t p, std::uint32_t pos) {
-    std::size_t i = home(p);
-    while (slots_[i].key != 0 && slots_[i].key != p) i = (i + 1) & mask_;
-    if (slots_[i].key == 0) ++used_;
-    slots_[i] = Slot{p, pos};
+  // The position standing at spot `k`, removed; -1 when none.
+  std::int64_t take(std::uint32_t k) {
+    const std::uint32_t v = at_[k];
+    if (v == 0) return -1;
+    at_[k] = 0;
+    --live_;
+    return static_cast<std::int64_t>(v) - 1;
   }
-  // Removes `p` (present) and returns its position, or -1 when absent.
-  std::int64_t take(std::uintptr_t p) {
-    if (slots_.empty()) return -1;
-    std::size_t i = home(p);
-    while (slots_[i].key != p) {
-      if (slots_[i].key == 0) return -1;
-      i = (i + 1) & mask_;
-    }
-    const std::int64_t pos = slots_[i].pos;
-    // Backward-shift deletion: move later entries of the run into the hole
-    // when their home does not lie cyclically in (i, j].
-    std::size_t j = i;
-    for (;;) {
-      j = (j + 1) & mask_;
-      if (slots_[j].key == 0) break;
-      const std::size_t h = home(slots_[j].key);
-      const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
-      if (stays) continue;
-      slots_[i] = slots_[j];
-      i = j;
-    }
-    slots_[i] = Slot{};
-    --used_;
-    return pos;
-  }
+  // Calls f(pos) for every live position, then empties the table: O(the
+  // allocations since the last take_all), so a flush costs what the fast
+  // path allocated, not the layout's length.
   template <typename F>
-  void for_each(F f) const {
-    for (const Slot& s : slots_) {
-      if (s.key) f(s.key, s.pos);
+  void take_all(const ReplayRoute& r, F f) {
+    // Stops at the last live one (take() empties its own spot, so with
+    // nothing live every spot is empty already).
+    for (std::size_t j = 0; live_ != 0 && j < made_n_; ++j) {
+      const std::uint32_t pos = made_[j];
+      std::uint32_t& v = at_[r.spot(pos)];
+      if (v == pos + 1) {
+        f(pos);
+        v = 0;
+        --live_;
+      }
     }
+    made_n_ = 0;
+    live_ = 0;
   }
-  void clear();
 
  private:
-  struct Slot {
-    std::uintptr_t key = 0;
-    std::uint32_t pos = 0;
-  };
-  std::size_t home(std::uintptr_t p) const {
-    return static_cast<std::size_t>(((p >> 6) * 0x9E3779B97F4A7C15ull) >> shift_) & mask_;
-  }
-  std::vector<Slot> slots_;
-  std::size_t mask_ = 0, used_ = 0;
-  unsigned shift_ = 64;
+  std::vector<std::uint32_t> at_;    // per spot: position + 1, or 0
+  std::vector<std::uint32_t> made_;  // positions allocated since the last take_all
+  std::size_t made_n_ = 0, live_ = 0;
 };
 
 }  // namespace renaissance

@@ -195,10 +195,17 @@ void StepPlanner::on_free(Block* b) {
     // range: its position stays unfreed, so later positions over it take
     // the slow path).
     if (fast_armed_ && b->planned && static_cast<std::size_t>(b->seq) < fast_freed_.size()) {
-      fast_freed_[static_cast<std::size_t>(b->seq)] = 1;
+      fast_freed_[static_cast<std::size_t>(b->seq)] = fast_epoch_;
     }
   } else if (open_ && prev_ && b->step == prev_->step) {
     cur_->livein_frees.emplace_back(b->seq, clock_++);
+    // An awaited live-in of the fast path (arm_fast): freed with no stream
+    // use, it becomes free territory now (the arena's free, right after).
+    if (fast_armed_ && b->planned && b->uses.empty() &&
+        static_cast<std::size_t>(b->seq) < fast_wait_of_.size()) {
+      const std::uint64_t w = fast_wait_of_[static_cast<std::size_t>(b->seq)];
+      if ((w >> 32) == fast_epoch_) fast_wait_freed_[w & 0xFFFFFFFFu] = fast_epoch_;
+    }
   } else {
     // Freed by one of the step's threads: the step's own doing (the previous
     // key's output replaced). Another thread's free (a worker freeing what it
@@ -245,54 +252,109 @@ Segment* StepPlanner::arm_fast() {
     r.layout = &l;
     r.generation = layout_gen_;
   }
-  // Clean: the range lies in one free block of the territory now (the
-  // check Territory::place makes), so only this step's own buffers can be
-  // in it later (the predecessors).
-  // Free neighbours under the line are merged (territory.h), so a range
-  // below the line that meets no block in use lies in one free block.
-  fast_busy_.clear();
-  char* const line = seg->base + seg->plan_top;
-  for (const Block* b = seg->head; b && b->ptr < line; b = b->next) {
-    if (b->state != BlockState::kFree) {
-      fast_busy_.emplace_back(static_cast<std::size_t>(b->ptr - seg->base),
-                              static_cast<std::size_t>(b->ptr + b->size - seg->base));
-    }
+  // Freed: a new epoch (a wrap clears every stamp once).
+  if (++fast_epoch_ == 0) {
+    std::fill(fast_freed_.begin(), fast_freed_.end(), 0);
+    std::fill(fast_wait_of_.begin(), fast_wait_of_.end(), 0);
+    std::fill(fast_wait_freed_.begin(), fast_wait_freed_.end(), 0);
+    fast_epoch_ = 1;
   }
-  fast_clean_.assign(n, 0);
-  fast_freed_.assign(n, 0);
+  if (fast_freed_.size() != n) fast_freed_.assign(n, 0);
   fast_req_.resize(n);
   // Armed again in the middle of a step (after a layout switch): whatever
   // the positions already made still hold is a block in use now, so it
   // makes the ranges over it not clean; as predecessors they count as freed.
   const std::size_t made = std::min(cur_->entries.size(), n);
-  std::fill(fast_freed_.begin(), fast_freed_.begin() + static_cast<std::ptrdiff_t>(made), 1);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t off = r.offset(i), size = r.size(i);
-    if (size == 0 || off > seg->plan_top || size > seg->plan_top - off) continue;
-    if (fast_busy_.empty()) {
-      fast_clean_[i] = 1;
-      continue;
+  std::fill(fast_freed_.begin(), fast_freed_.begin() + static_cast<std::ptrdiff_t>(made), fast_epoch_);
+  // Clean: the range lies in one free block of the territory now (the
+  // check Territory::place makes), so only this step's own buffers can be
+  // in it later (the predecessors).
+  // Free neighbours under the line are merged (territory.h), so a range
+  // below the line that meets no block in use lies in one free block.
+  // An awaited live-in (a planned block of the previous step, no stream
+  // use) is in use now, but once the step frees it its range is free
+  // territory again, merged with its free neighbours: a range that met only
+  // such blocks is clean from then on.
+  fast_busy_.clear();
+  std::uint32_t waits = 0;
+  char* const line = seg->base + seg->plan_top;
+  for (const Block* b = seg->head; b && b->ptr < line; b = b->next) {
+    if (b->state == BlockState::kFree) continue;
+    std::int64_t w = -1;
+    if (prev_ && b->state == BlockState::kAllocated && b->planned && b->step == prev_->step &&
+        b->uses.empty() && b->seq >= 0) {
+      const auto seq = static_cast<std::size_t>(b->seq);
+      if (fast_wait_of_.size() <= seq) fast_wait_of_.resize(std::max(seq + 1, prev_->entries.size()), 0);
+      w = waits++;
+      fast_wait_of_[seq] = (std::uint64_t(fast_epoch_) << 32) | static_cast<std::uint64_t>(w);
     }
-    // The first block in use ending above off must start at or above its end.
-    auto it = std::partition_point(fast_busy_.begin(), fast_busy_.end(),
-                                   [off](const std::pair<std::size_t, std::size_t>& u) {
-                                     return u.second <= off;
-                                   });
-    fast_clean_[i] = it == fast_busy_.end() || it->first >= off + size;
+    fast_busy_.push_back(FastBusy{static_cast<std::size_t>(b->ptr - seg->base),
+                                  static_cast<std::size_t>(b->ptr + b->size - seg->base), w});
   }
-  // Room for every position: the fast path never allocates.
-  fast_live_.clear();
-  fast_live_.reset(n);
+  fast_wait_freed_.assign(waits, 0);
+  fast_wait_list_.clear();
+  // Nothing in use under the line and every range below it: all routed
+  // positions are clean, with no per-position work.
+  fast_all_clean_ = fast_busy_.empty() && r.top() <= seg->plan_top;
+  if (!fast_all_clean_) {
+    fast_clean_.assign(n, 0);
+    fast_wait_start_.resize(n + 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      fast_wait_start_[i] = static_cast<std::uint32_t>(fast_wait_list_.size());
+      const std::size_t off = r.offset(i), size = r.size(i);
+      if (size == 0 || off > seg->plan_top || size > seg->plan_top - off) continue;
+      // The blocks in use that meet [off, off + size): from the first one
+      // ending above off, while they start below its end.
+      auto it = std::partition_point(fast_busy_.begin(), fast_busy_.end(),
+                                     [off](const FastBusy& u) { return u.hi <= off; });
+      std::uint8_t clean = 1;
+      for (; it != fast_busy_.end() && it->lo < off + size; ++it) {
+        if (it->wait < 0) {
+          clean = 0;
+          break;
+        }
+        fast_wait_list_.push_back(static_cast<std::uint32_t>(it->wait));
+        clean = 2;
+      }
+      if (clean != 2) fast_wait_list_.resize(fast_wait_start_[i]);
+      fast_clean_[i] = clean;
+    }
+    fast_wait_start_[n] = static_cast<std::uint32_t>(fast_wait_list_.size());
+  }
+  // Room for every position: the fast path never allocates. (A flush
+  // emptied the table before any arming: every arming is under the lock.)
+  fast_slots_.reset(r.spots(), n);
   fast_flush_.clear();
   fast_flush_.reserve(n);
+  // The reference addresses (reference_address, fixed for the step).
+  fast_ref_ = nullptr;
+  fast_ref_stride_ = fast_ref_n_ = 0;
+  if (prev_ && l.phases == 2) {
+    fast_ref_ = prev_->prior_addresses.data();
+    fast_ref_stride_ = 1;
+    fast_ref_n_ = prev_->prior_addresses.size();
+  } else if (prev_) {
+    static_assert(sizeof(TraceRecord) % sizeof(std::uintptr_t) == 0, "a trace entry is whole words");
+    fast_ref_ = prev_->entries.empty() ? nullptr : &prev_->entries.front().address;
+    fast_ref_stride_ = sizeof(TraceRecord) / sizeof(std::uintptr_t);
+    fast_ref_n_ = prev_->entries.size();
+  }
   fast_layout_ = &l;
   fast_phase_ = phase_;
   fast_step_ = step_;
   fast_seg_ = seg;
+  fast_base_ = seg->base;
   fast_stream_ = l.stream;
   fast_top_ = seg->plan_top;
+  fast_first_ = layouts_.size() > 1 ? kChooseWindow : 0;
+  fast_refresh();
   fast_armed_ = true;
   return seg;
+}
+
+void StepPlanner::fast_refresh() noexcept {
+  fast_end_ = std::max(fast_first_, std::min({routes_[fast_phase_].positions(),
+                                               cur_->entries.capacity(), cur_->threads.capacity()}));
 }
 
 bool StepPlanner::fast_valid() const {
@@ -309,57 +371,16 @@ bool StepPlanner::fast_rearmable() const {
   return open_ && replaying_ && active_ && !missed_ && !view_.capturing && territory_.epoch_idle();
 }
 
-char* StepPlanner::fast_place(std::size_t requested, std::size_t rounded, StreamId stream) noexcept {
-  const std::size_t i = cur_->entries.size();
-  const ReplayRoute& r = routes_[fast_phase_];
-  // Past the layout, or where the slow path may grow the trace (no
-  // allocation here), or where it may switch layouts (the step's first
-  // requests, when there is a choice): the slow path.
-  if (i >= r.positions() || i == cur_->entries.capacity() || i == cur_->threads.capacity() ||
-      !fast_live_.has_room() || (i < kChooseWindow && layouts_.size() > 1)) {
-    return nullptr;
-  }
-  const std::size_t size = r.size(i);
-  // A routed position is one of the layout's stream's slots (arm_fast).
-  if (size == 0 || rounded > size || stream != fast_stream_ || !fast_clean_[i]) {
-    return nullptr;
-  }
-  for (const std::uint32_t* p = r.preds_begin(i), *e = r.preds_end(i); p != e; ++p) {
-    if (!fast_freed_[*p]) return nullptr;  // an earlier occupant may be live: the slow path checks
-  }
-  char* ptr = fast_seg_->base + r.offset(i);
-  ++stats_.planned_requests;
-  ++stats_.planned_hits;
-  ++stats_.planned_fast_hits;
-  ++cur_hits_;
-  // The trace entry, as on_allocated records it (both vectors have room,
-  // checked above: nothing here allocates).
-  record_entry(rounded, stream, reinterpret_cast<std::uintptr_t>(ptr), cur_->opener);
-  fast_req_[i] = requested;
-  fast_live_.insert(reinterpret_cast<std::uintptr_t>(ptr), static_cast<std::uint32_t>(i));
-  return ptr;
-}
-
-bool StepPlanner::fast_free(void* ptr, std::size_t& rounded, std::size_t& requested) noexcept {
-  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  const std::int64_t pos = fast_live_.take(p);
-  if (pos < 0) return false;
-  const auto i = static_cast<std::size_t>(pos);
-  TraceRecord& e = cur_->entries[i];
-  e.free_time = clock_++;
-  fast_freed_[i] = 1;
-  rounded = e.size;
-  requested = fast_req_[i];
-  return true;
-}
-
 const std::vector<StepPlanner::FastBlock>& StepPlanner::take_fast_live() {
   fast_flush_.clear();
-  fast_live_.for_each([&](std::uintptr_t p, std::uint32_t pos) {
+  if (fast_slots_.size() == 0) {
+    fast_slots_.take_all(routes_[fast_phase_], [](std::uint32_t) {});  // forget what was made
+    return fast_flush_;
+  }
+  fast_slots_.take_all(routes_[fast_phase_], [&](std::uint32_t pos) {
     const TraceRecord& e = cur_->entries[pos];
-    fast_flush_.push_back(FastBlock{reinterpret_cast<char*>(p), pos, e.size, fast_req_[pos], e.stream});
+    fast_flush_.push_back(FastBlock{reinterpret_cast<char*>(e.address), pos, e.size, fast_req_[pos], e.stream});
   });
-  fast_live_.clear();
   return fast_flush_;
 }
 

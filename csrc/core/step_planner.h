@@ -168,10 +168,11 @@ class StepPlanner {
   // Without the arena's lock (the replay lock's fast section): the address
   // for the next request of the step, or nullptr (take the slow path; nothing
   // changed). `rounded` is `requested` rounded to the unit.
-  char* fast_place(std::size_t requested, std::size_t rounded, StreamId stream) noexcept;
+  // (Defined in replay_fast.h, inline for the arena's hot path.)
+  inline char* fast_place(std::size_t requested, std::size_t rounded, StreamId stream) noexcept;
   // The free of an address the fast path handed out: its rounded and
   // requested bytes; false when it is none (take the slow path).
-  bool fast_free(void* ptr, std::size_t& rounded, std::size_t& requested) noexcept;
+  inline bool fast_free(void* ptr, std::size_t& rounded, std::size_t& requested) noexcept;
   // The fast path's live allocations (address, position, bytes), taken out
   // of its table: the arena places each as a block (the flush) and gives it
   // to adopt_fast_block().
@@ -183,6 +184,9 @@ class StepPlanner {
   const std::vector<FastBlock>& take_fast_live();
   void adopt_fast_block(Block* b, std::size_t position);
   Segment* fast_segment() const { return fast_seg_; }
+  // After a slow operation that left the fast path armed (fast_valid()):
+  // the trace's room may have grown.
+  void fast_refresh() noexcept;
 
   // The problem and offsets of the most recent plan (for tests and tools).
   const planner::Problem& last_problem() const { return last_problem_; }
@@ -377,10 +381,43 @@ class StepPlanner {
   Segment* fast_seg_ = nullptr;
   StreamId fast_stream_ = 0;
   std::size_t fast_top_ = 0;
-  std::vector<std::uint8_t> fast_clean_, fast_freed_;  // per position
+  char* fast_base_ = nullptr;  // fast_seg_->base
+  // Positions [fast_first_, fast_end_) may be served (past the layout, the
+  // trace's reserved room, or within the window where the step may switch
+  // layouts: the slow path). fast_end_ is refreshed by fast_valid's caller.
+  std::size_t fast_first_ = 0, fast_end_ = 0;
+  // Clean (see arm_fast): every routed position when fast_all_clean_ (no
+  // block in use under the line when armed), else fast_clean_[i]: 0 not
+  // clean, 1 clean, 2 clean once its awaited live-ins are freed.
+  bool fast_all_clean_ = false;
+  std::vector<std::uint8_t> fast_clean_;  // per position
+  // Freed in this arming: fast_freed_[i] == fast_epoch_ (a new arming bumps
+  // the epoch instead of clearing the array).
+  std::vector<std::uint32_t> fast_freed_;
+  std::uint32_t fast_epoch_ = 0;
   std::vector<std::size_t> fast_req_;                  // per position: requested bytes
-  FastLive fast_live_;
-  std::vector<std::pair<std::size_t, std::size_t>> fast_busy_;  // arm_fast's blocks in use
+  // The reference addresses record_entry compares with (reference_address):
+  // fast_ref_[i * fast_ref_stride_] for i < fast_ref_n_.
+  const std::uintptr_t* fast_ref_ = nullptr;
+  std::size_t fast_ref_stride_ = 0, fast_ref_n_ = 0;
+  FastSlots fast_slots_;
+  // arm_fast's blocks in use: their range (from the base) and their number
+  // among the awaited live-ins, or -1.
+  struct FastBusy {
+    std::size_t lo, hi;
+    std::int64_t wait;
+  };
+  std::vector<FastBusy> fast_busy_;
+  // Awaited live-ins: planned blocks of the previous step standing under the
+  // line when armed, with no stream use. fast_wait_of_[seq] == (fast_epoch_
+  // << 32 | w) numbers the one of trace position seq; fast_wait_freed_[w] ==
+  // fast_epoch_ once it was freed (on_free: it became free territory). A
+  // position whose range met only such blocks is clean once they are freed
+  // (fast_clean_[i] == 2; their numbers are fast_wait_list_[fast_wait_start_[i]
+  // .. fast_wait_start_[i + 1])).
+  std::vector<std::uint64_t> fast_wait_of_;
+  std::vector<std::uint32_t> fast_wait_freed_;
+  std::vector<std::uint32_t> fast_wait_start_, fast_wait_list_;
   std::vector<FastBlock> fast_flush_;
 
   Territory& territory_;

@@ -3,9 +3,10 @@
 //   * ReplayRoute's predecessors: for every planned position i, the set of
 //     "last earlier planned position covering byte x" over x in i's range,
 //     computed unit by unit;
-//   * FastLive against a std::map under random inserts and takes (linear
-//     probing with backward-shift deletion: a take that moves the wrong
-//     entry loses a key or finds a removed one).
+//   * ReplayRoute's spots: one per distinct planned start, found from the
+//     offset, -1 for any other offset;
+//   * FastSlots against a map spot -> live position under inserts, takes
+//     and take_all (which must name exactly the live positions).
 // Build and run: `make build/replay_table_test && build/replay_table_test`
 // (part of `make test-cpp`).
 #include <cstdio>
@@ -62,50 +63,96 @@ void check_route(unsigned seed) {
   }
 }
 
-void check_fast_live(unsigned seed) {
-  std::mt19937_64 rng(seed);
-  const std::size_t cap = 1 + rng() % 500;
-  FastLive t;
-  t.reset(cap);
-  std::map<std::uintptr_t, std::uint32_t> ref;
-  for (int op = 0; op < 20000; ++op) {
-    // Addresses on 512-byte steps from a small window, so that keys collide in probing.
-    const std::uintptr_t p = 0x7f0000000000ull + 512 * (rng() % (3 * cap + 1));
-    if (rng() % 2 && ref.size() < cap && t.has_room()) {
-      if (!ref.count(p)) {
-        const auto pos = static_cast<std::uint32_t>(rng() % 100000);
-        t.insert(p, pos);
-        ref[p] = pos;
-      }
-    } else {
-      const std::int64_t got = t.take(p);
-      auto it = ref.find(p);
-      expect(got == (it == ref.end() ? -1 : static_cast<std::int64_t>(it->second)),
-             "take differs from the map", static_cast<unsigned>(seed));
-      if (it != ref.end()) ref.erase(it);
+// A seeded route of n positions over `units` units of 64 bytes.
+ReplayRoute random_route(std::mt19937& rng, std::vector<std::size_t>& offset,
+                         std::vector<std::size_t>& size) {
+  const std::size_t n = 1 + rng() % 300;
+  const std::size_t units = 8 + rng() % 200;
+  offset.assign(n, 0);
+  size.assign(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (rng() % 7 == 0) continue;  // unplanned (dynamic)
+    const std::size_t lo = rng() % units;
+    const std::size_t len = 1 + rng() % std::min<std::size_t>(units - lo, 1 + rng() % 40);
+    offset[i] = lo * 64;
+    size[i] = len * 64;
+  }
+  ReplayRoute r;
+  r.build(offset, size);
+  return r;
+}
+
+void check_spots(unsigned seed) {
+  std::mt19937 rng(seed + 1000);
+  std::vector<std::size_t> offset, size;
+  const ReplayRoute r = random_route(rng, offset, size);
+  std::map<std::size_t, std::uint32_t> spot_of_start;  // start -> the spot its positions share
+  std::size_t top = 0;
+  for (std::size_t i = 0; i < offset.size(); ++i) {
+    if (size[i] == 0) continue;
+    top = std::max(top, offset[i] + size[i]);
+    auto [it, fresh] = spot_of_start.emplace(offset[i], r.spot(i));
+    expect(fresh || it->second == r.spot(i), "two positions at one start have two spots", seed);
+    expect(r.spot(i) < r.spots(), "a spot out of range", seed);
+    expect(r.find_spot(offset[i]) == static_cast<std::int64_t>(r.spot(i)), "find_spot of a start", seed);
+  }
+  std::set<std::uint32_t> distinct;
+  for (const auto& [start, k] : spot_of_start) distinct.insert(k);
+  expect(distinct.size() == spot_of_start.size() && r.spots() == spot_of_start.size(),
+         "spots are not one per distinct start", seed);
+  expect(r.top() == top, "top", seed);
+  for (std::size_t off = 0; off < top + 4096; off += 64) {
+    if (!spot_of_start.count(off)) expect(r.find_spot(off) == -1, "find_spot of no start", seed);
+  }
+}
+
+// FastSlots under the fast path's use: positions in increasing order, each
+// entered at its spot only when no live position stands there; random
+// frees by spot and take_all()s, against a map spot -> position.
+void check_fast_slots(unsigned seed) {
+  std::mt19937 rng(seed + 2000);
+  std::vector<std::size_t> offset, size;
+  const ReplayRoute r = random_route(rng, offset, size);
+  FastSlots t;
+  t.reset(r.spots(), r.positions());
+  std::map<std::uint32_t, std::uint32_t> ref;  // spot -> live position
+  for (std::size_t i = 0; i < r.positions(); ++i) {
+    if (size[i] > 0 && !ref.count(r.spot(i))) {
+      t.insert(r.spot(i), static_cast<std::uint32_t>(i));
+      ref[r.spot(i)] = static_cast<std::uint32_t>(i);
     }
-    expect(t.size() == ref.size(), "size", static_cast<unsigned>(seed));
+    const unsigned op = rng() % 8;
+    if (op < 3 && r.spots() > 0) {
+      const auto k = static_cast<std::uint32_t>(rng() % r.spots());
+      auto it = ref.find(k);
+      const std::int64_t got = t.take(k);
+      expect(got == (it == ref.end() ? -1 : static_cast<std::int64_t>(it->second)),
+             "take differs from the map", seed);
+      if (it != ref.end()) ref.erase(it);
+    } else if (op == 3) {
+      std::set<std::uint32_t> got, want;
+      t.take_all(r, [&](std::uint32_t pos) { got.insert(pos); });
+      for (const auto& [k, pos] : ref) want.insert(pos);
+      expect(got == want, "take_all differs from the live positions", seed);
+      ref.clear();
+      for (std::uint32_t k = 0; k < r.spots(); ++k) {
+        expect(t.take(k) == -1, "a spot still held after take_all", seed);
+      }
+    }
+    expect(t.size() == ref.size(), "size", seed);
   }
-  for (const auto& [p, pos] : ref) {
-    expect(t.find(p) == static_cast<std::int64_t>(pos), "find after the run", static_cast<unsigned>(seed));
-  }
-  std::size_t seen = 0;
-  t.for_each([&](std::uintptr_t, std::uint32_t) { ++seen; });
-  expect(seen == ref.size(), "for_each count", static_cast<unsigned>(seed));
-  t.clear();
-  expect(t.size() == 0 && t.find(ref.empty() ? 1 : ref.begin()->first) == -1, "clear",
-         static_cast<unsigned>(seed));
 }
 
 }  // namespace
 
 int main() {
   for (unsigned seed = 0; seed < 300; ++seed) check_route(seed);
-  for (unsigned seed = 0; seed < 40; ++seed) check_fast_live(seed);
+  for (unsigned seed = 0; seed < 200; ++seed) check_spots(seed);
+  for (unsigned seed = 0; seed < 200; ++seed) check_fast_slots(seed);
   if (failures) {
     std::fprintf(stderr, "replay_table_test: %d failures\n", failures);
     return 1;
   }
-  std::printf("replay_table_test: ok (300 routes, 40 address tables)\n");
+  std::printf("replay_table_test: ok (300 routes, 200 spot tables, 200 live-slot runs)\n");
   return 0;
 }
