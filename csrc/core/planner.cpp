@@ -401,7 +401,7 @@ std::vector<Constructive> portfolio(std::uint32_t n) {
   std::vector<Constructive> p = {
       {Order::kLength, Fit::kBest, "best_fit_by_length"},
       {Order::kPressureArea, Fit::kBest, "best_fit_by_pressure_area"},
-      {Order::kArea, Fit::kBest, "best_fit_by_area"},
+      {Order::kSizeClass, Fit::kBest, "best_fit_by_size_class"},
   };
   if (n <= 20000) {
     p.push_back({Order::kStart, Fit::kBest, "best_fit_by_start"});
@@ -409,6 +409,10 @@ std::vector<Constructive> portfolio(std::uint32_t n) {
   }
   if (n <= 10000) {
     p.push_back({Order::kSize, Fit::kFirst, "first_fit_by_size"});
+    p.push_back({Order::kSizeClass, Fit::kFirst, "first_fit_by_size_class"});
+  }
+  if (n <= 20000) p.push_back({Order::kArea, Fit::kBest, "best_fit_by_area"});
+  if (n <= 10000) {
     p.push_back({Order::kArea, Fit::kFirst, "first_fit_by_area"});
     p.push_back({Order::kLength, Fit::kFirst, "first_fit_by_length"});
     p.push_back({Order::kPressureArea, Fit::kFirst, "first_fit_by_pressure_area"});
