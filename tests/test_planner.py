@@ -625,3 +625,100 @@ def test_alternating_steps_are_two_phases_of_one_loop(n, seed):
     assert all(step < up < period for _, _, up in long_lived)  # dead within phase 1
     with pytest.raises(ValueError, match="buffers must be in"):
         alternating_step(100, 0)
+
+
+def size_class_key(lifetimes, i):
+    """Size class (floor(log2 size) // 2) descending, then lifetime descending, then size
+    descending, then index."""
+    size, lo, up = lifetimes[i]
+    return (-(max(size.bit_length() - 1, 0) // 2), -(up - lo), -size, i)
+
+
+def size_key(lifetimes, i):
+    """Greedy by size's order: size descending, then start, then lifetime descending, then
+    index."""
+    size, lo, up = lifetimes[i]
+    return (-size, lo, -(up - lo), i)
+
+
+def fit_ref(lifetimes, key, first: bool) -> int:
+    """Reference: place the buffers in the order of ``key``, each at the lowest (first) or
+    the tightest (best) gap among the placed buffers it overlaps in time (the top of them
+    when none fits). Returns the plan's height in bytes. Independent of the extension
+    (numpy for the overlap mask, a plain walk over the gaps)."""
+    import numpy as np
+
+    n = len(lifetimes)
+    order = sorted(range(n), key=lambda i: key(lifetimes, i))
+    lo_a = np.zeros(n, dtype=np.int64)
+    up_a = np.zeros(n, dtype=np.int64)
+    off_a = np.zeros(n, dtype=object)
+    end_a = np.zeros(n, dtype=object)
+    height = 0
+    for k, i in enumerate(order):
+        size, lo, up = lifetimes[i]
+        hit = np.nonzero((lo_a[:k] < up) & (lo < up_a[:k]))[0]
+        spans = sorted(zip(off_a[hit], end_a[hit]))
+        cur, best, best_gap = 0, None, None
+        for o, e in spans:
+            if o > cur and o - cur >= size and (best_gap is None or o - cur < best_gap):
+                best, best_gap = cur, o - cur
+                if first or best_gap == size:
+                    break
+            cur = max(cur, e)
+        off = cur if best is None else best
+        lo_a[k], up_a[k], off_a[k], end_a[k] = lo, up, off, off + size
+        height = max(height, off + size)
+    return height
+
+
+def check_plan_by_ticks(lifetimes, offsets) -> int:
+    """Independent validity check for large linear instances: two buffers that overlap in
+    time are both live at the later one's first tick, so at every first tick the live
+    buffers, sorted by offset, must not overlap. Returns the plan size."""
+    import numpy as np
+
+    size = np.array([s for s, _, _ in lifetimes], dtype=object)
+    lo = np.array([l for _, l, _ in lifetimes], dtype=np.int64)
+    up = np.array([u for _, _, u in lifetimes], dtype=np.int64)
+    off = np.array(offsets, dtype=object)
+    for t in np.unique(lo):
+        live = np.nonzero((lo <= t) & (t < up) & (size > 0))[0]
+        spans = sorted(zip(off[live], off[live] + size[live]))
+        for (_, e0), (o1, _) in zip(spans, spans[1:]):
+            assert e0 <= o1, f"two buffers live at tick {t} collide"
+    return max(o + s for o, s in zip(offsets, size))
+
+
+@pytest.mark.parametrize("seed", [2, 5])
+def test_xla_buffers_plan_is_no_taller_than_size_class_fit(seed):
+    """Buffers whose sizes span orders of magnitude with long lifetimes (XLA style): the
+    planner's plan is no taller than best fit and first fit in size-class order, which
+    the portfolio now has (it ordered by exact size only: +2.2% over LOAD on seed 5,
+    where size-class first fit is at LOAD). Clock off: the same plan on any machine."""
+    from torch_renaissance.planner import plan_lifetimes
+    from torch_renaissance.synthetic import xla_buffers
+
+    lt = xla_buffers(4000, seed)
+    res = plan_lifetimes(lt, budget_seconds=0.3, clock_seconds=math.inf)
+    assert check_plan_by_ticks(lt, res.offsets) == res.plan_bytes
+    ref = min(fit_ref(lt, size_class_key, first=True), fit_ref(lt, size_class_key, first=False))
+    assert res.plan_bytes <= ref
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_large_xla_buffers_plan_is_no_taller_than_first_fit(seed):
+    """Above 10,000 buffers the portfolio has first fit by size and by size class, admitted
+    at a fraction of a best-fit pass's work, so they run where the best-fit passes no
+    longer fit in the passes' share: on 12,000 XLA-style buffers at 0.2 s the plan is no
+    taller than either, computed in the test. On main, where only best-fit passes ran at
+    that size, seed 3's plan was +0.855% over LOAD (first fit by size +0.211%), seed 1's
+    +10.182% (+4.211%). Clock off."""
+    from torch_renaissance.planner import plan_lifetimes
+    from torch_renaissance.synthetic import xla_buffers
+
+    lt = xla_buffers(12_000, seed)
+    res = plan_lifetimes(lt, budget_seconds=0.2, clock_seconds=math.inf)
+    assert check_plan_by_ticks(lt, res.offsets) == res.plan_bytes
+    ref = min(fit_ref(lt, size_key, first=True), fit_ref(lt, size_class_key, first=True))
+    assert res.plan_bytes <= ref

@@ -255,6 +255,26 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
       });
       break;
     }
+    case Order::kSizeClass: {
+      // Within a class, sizes differ by less than 4x, and the longer
+      // lifetime goes first: with sizes over many orders of magnitude and
+      // long lifetimes (XLA-style buffers), exact size order interleaves
+      // long and short buffers of nearly the same size and leaves holes
+      // under the long ones that nothing fits in later.
+      std::vector<std::uint8_t> cls(n);
+      for (std::uint32_t i = 0; i < n; ++i) {
+        int k = 0;
+        while (k < 63 && (sz[i] >> (k + 1)) != 0) ++k;
+        cls[i] = static_cast<std::uint8_t>(k / 2);
+      }
+      sort([&](std::uint32_t a, std::uint32_t b) {
+        if (cls[a] != cls[b]) return cls[a] > cls[b];
+        if (inst.duration[a] != inst.duration[b]) return inst.duration[a] > inst.duration[b];
+        if (sz[a] != sz[b]) return sz[a] > sz[b];
+        return a < b;
+      });
+      break;
+    }
     case Order::kPressure:
     case Order::kPressureArea: {
       const std::vector<std::uint64_t> pr = pressures(inst);

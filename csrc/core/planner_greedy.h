@@ -69,6 +69,8 @@ enum class Order {
   kStart,     // start asc, then size desc
   kPressure,  // max LOAD profile over lifetime desc, then size desc
   kPressureArea,  // pressure desc, then area desc
+  kSizeClass,  // size class desc (sizes within a factor of 4: floor(log2 size) / 2),
+               // then duration (upper - lower, original time) desc, then size desc
 };
 std::vector<std::uint32_t> make_order(const Instance& inst, Order order);
 // Per free item: max of inst.live over its pieces.

@@ -15,6 +15,8 @@
 //   * validate() agrees with the brute-force check on random (mostly
 //     invalid) plans, and rejects hand-made invalid ones;
 //   * load() equals a brute-force per-tick sum;
+//   * the size-class order of the portfolio sorts by size class, lifetime,
+//     size and index (a reference key computed in the test);
 //   * the same input and budget give identical plans;
 //   * the canonical search finds the optimum of tiny instances (found by
 //     brute force over all orders) and proves one byte less infeasible;
@@ -62,6 +64,7 @@
 namespace plan_test {
 
 void test_random_plans(int iterations);
+void test_size_class_order(int iterations);
 void test_validate_agrees(int iterations);
 void test_validate_rejects();
 void test_malformed();
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
   test_edges();
   test_validate_agrees(iterations * 5);
   test_random_plans(iterations);
+  test_size_class_order(iterations);
   test_search_exact(iterations);
   test_search_raise(iterations);
   test_search_checks_before_split();

@@ -1,6 +1,9 @@
 // planner_test.cpp - tests of plan(), greedy_by_size(), validate() and load() (core/planner.h): random plans checked by brute force, validate against a brute-force check, malformed problems, edge cases, determinism, the 2^63 total limit, the wall clock and large budgets.
 // Run by tests/cpp/planner/main.cpp (build/plan_test).
 #include "test_util.h"
+#include <tuple>
+
+#include "core/planner_greedy.h"
 
 namespace plan_test {
 
@@ -272,6 +275,40 @@ void test_large_budget(bool timings) {
       std::printf("  greedy_by_size, 100k %-22s: %.3f s, +%.3f%% over LOAD\n", c.name,
                   r.seconds,
                   100.0 * (static_cast<double>(r.size) / static_cast<double>(r.load) - 1.0));
+    }
+  }
+}
+
+// The size-class order (Order::kSizeClass, a pass of plan()'s portfolio):
+// a permutation of the free items, sorted by size class (floor(log2 size) /
+// 2, computed here bit by bit) descending, then lifetime (upper - lower of
+// the Problem's buffer) descending, then size descending, then index.
+void test_size_class_order(int iterations) {
+  namespace d = renaissance::planner::detail;
+  auto size_class = [](std::uint64_t s) {
+    int k = -1;
+    for (; s != 0; s >>= 1) ++k;
+    return std::max(k, 0) / 2;
+  };
+  for (int it = 0; it < iterations; ++it) {
+    Gen g(0x5c1a55 + static_cast<std::uint64_t>(it));
+    Problem p = g.problem(static_cast<int>(g.uni(1, 40)), g.uni(2, 30), it % 3 == 0, 0, 0);
+    for (Buffer& b : p.buffers) b.size <<= g.uni(0, 40);  // classes over many magnitudes
+    const d::Instance inst(p);
+    const std::vector<std::uint32_t> ids = d::make_order(inst, d::Order::kSizeClass);
+    std::vector<std::uint32_t> sorted = ids;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<std::uint32_t> all(inst.num_free);
+    std::iota(all.begin(), all.end(), 0u);
+    CHECK(sorted == all, "size-class order is not a permutation (iteration %d)", it);
+    auto key = [&](std::uint32_t item) {
+      const Buffer& b = p.buffers[inst.buffer_of[item]];
+      return std::make_tuple(size_class(b.size), b.upper - b.lower, b.size);
+    };
+    for (std::size_t k = 1; k < ids.size(); ++k) {
+      const auto x = key(ids[k - 1]), y = key(ids[k]);
+      CHECK(x > y || (x == y && ids[k - 1] < ids[k]),
+            "size-class order out of order at %zu (iteration %d)", k, it);
     }
   }
 }
