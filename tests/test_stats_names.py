@@ -103,6 +103,29 @@ def test_largest_load_is_over_every_key_not_the_current_layout(C):
     assert r["largest_load_bytes"] == 3 * MiB
 
 
+def test_load_is_at_most_the_peak_of_live_bytes_when_a_step_makes_lasting_state(C):
+    # A tester's two optimizers: the second one's first step() makes its state after the
+    # step's peak, in that one step. LOAD was that step's LOAD + every byte live at plan
+    # time (the new state included): 37.9 MiB against a peak allocated of 32.9 MiB. Here by
+    # hand: steps 0-2 peak at 8 MiB, step 2 then keeps 8 MiB for good, later steps peak at
+    # 2 MiB over it. The most ever live is 10 MiB, so no lower bound may exceed it.
+    MiB = 2**20
+    a = C.Arena(C.HostDevice(), plan_budget_seconds=0)
+    kept = []
+    for step in range(8):
+        a.begin_step(1)
+        a.deallocate(a.allocate((8 if step < 3 else 2) * MiB))
+        if step == 2:
+            kept.append(a.allocate(8 * MiB))
+        a.end_step()
+    s = a.stats()
+    r = s["renaissance"]
+    assert s["allocated_bytes"]["all"]["peak"] == 10 * MiB
+    assert r["layouts"] >= 1
+    assert r["largest_load_bytes"] == 10 * MiB, r  # was 16 MiB: 8 (step 2's) + 8 (kept after it)
+    assert r["load_bytes"] == 10 * MiB, r
+
+
 def test_hit_rate_counts_a_planned_steps_allocations_after_its_replay_stopped(C):
     # A planned step whose sequence leaves its layout (here: more allocations than
     # planned) is served by the dynamic pool from its first miss on. Those requests

@@ -90,8 +90,9 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     those served by the replay fast path, without the arena's lock), ``planned_unserved``
     (allocations of planned steps after their replay stopped, served by the dynamic pool;
     ``hit_rate`` is ``planned_hits`` over these and ``planned_requests`` together), ``plan_bytes`` (planned territory),
-    ``step_and_persistent_load_bytes`` (LOAD of the step plus the persistent
-    bytes live at plan time, of the current layout; old name ``load_bytes``),
+    ``step_and_persistent_load_bytes`` (the largest, over the steps the current
+    layout holds, of a step's LOAD plus the bytes live before that step and still live
+    at its end; a lower bound of the most bytes ever live; old name ``load_bytes``),
     ``largest_load_bytes`` (the largest of those over every layout kept: steps
     of every key and variant), ``step_load_bytes`` (the
     LOAD of the step's planned buffers alone), ``plan_over_step_load_and_obstacles``
@@ -306,7 +307,8 @@ def report(device: Any = None, step_times: Optional[list] = None,
 
     ``load_bytes`` is LOAD, a lower bound: the largest, over every layout
     kept (every key and variant), of one planned step's LOAD plus the bytes
-    live outside the step when it was planned (``renaissance.largest_load_bytes``);
+    live before that step and still live at its end (``renaissance.largest_load_bytes``;
+    bytes the step made and kept are not counted at its peak: they may be born after it);
     ``plan_bytes`` is the current layout's planned territory, which can be
     larger (obstacles, variants sharing slots).
     """

@@ -1113,9 +1113,11 @@ std::size_t StepPlanner::collect_obstacles(const std::vector<PlannedBuffer>& slo
       }
     }
   }
+  // Live before the step and at its end (so through all of it); what the
+  // step made and keeps is in its own trace, not live at its start.
   persistent = 0;
   for (const auto& [ptr, b] : view_.live) {
-    if (!wraps_next_step(b)) persistent += b->size;
+    if (!wraps_next_step(b) && b->step != step_) persistent += b->size;
   }
 
   return obstacle_bytes;
@@ -1175,6 +1177,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   widen_with_previous(slots, T);
   std::int64_t horizon = T;
   std::size_t variant_load = 0;
+  const std::size_t own_load = load_of(slots, T);  // before a merge widens the slots
   Layout* target = merge_with_layout(slots, T, horizon, variant_load);
   planner::Problem problem;
   std::vector<std::size_t> index;  // problem buffer -> slot (phase 0)
@@ -1204,6 +1207,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   job->variant_load = variant_load;
   job->obstacle_bytes = obstacle_bytes;
   job->persistent = persistent;
+  job->total_load = std::max(own_load + persistent, target ? target->total_load : 0);
   job->phases = phases;
   job->n_slots = n_slots;
   job->pin_candidates = std::move(pins);
@@ -1341,6 +1345,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     }
   }
   layout->persistent = job->persistent;
+  layout->total_load = std::max(job->total_load, layout->total_load);
   layout->relearned = std::max(layout->relearned, job->relearned);
   layout->conflict_streak = 0;
   if (fresh) layouts_.push_back(std::move(fresh));
@@ -1398,12 +1403,12 @@ PlanStats StepPlanner::stats() const {
   s.variants = static_cast<std::int64_t>(variants_.size());
   s.layouts = static_cast<std::int64_t>(layouts_.size());
   for (const auto& k : layouts_) {
-    s.largest_load_bytes = std::max(s.largest_load_bytes, static_cast<std::int64_t>(k->load + k->persistent));
+    s.largest_load_bytes = std::max(s.largest_load_bytes, static_cast<std::int64_t>(k->total_load));
   }
   const Layout* l = active_ ? active_ : most_recent_layout(nullptr);
   if (l) {
     s.plan_bytes = static_cast<std::int64_t>(l->top);
-    s.load_bytes = static_cast<std::int64_t>(l->load + l->persistent);
+    s.load_bytes = static_cast<std::int64_t>(l->total_load);
     s.step_load_bytes = static_cast<std::int64_t>(l->load);
     s.layout_load_bytes = static_cast<std::int64_t>(l->layout_load);
     s.phases = l->phases;

@@ -246,7 +246,14 @@ class StepPlanner {
     std::size_t greedy = 0;    // greedy-by-size plan size (same problem)
     std::size_t obstacles = 0; // bytes of obstacles below top (inside the territory)
     std::size_t lasting = 0;   // of those, the ones in the way for the whole step (not live-outs dying early)
-    std::size_t persistent = 0;  // live bytes outside the step at plan time
+    std::size_t persistent = 0;  // bytes live before the step and still live at its end (plan time)
+    // LOAD with what lives outside the steps: the largest, over the steps it
+    // holds, of that step's LOAD + its `persistent`. Each term is a lower
+    // bound of the live bytes during that step; a step's LOAD + the bytes
+    // live at plan time was not (an optimizer's state made after the step's
+    // peak, in the one step that makes it, was counted at the peak: LOAD
+    // 37.9 MiB above a peak allocated of 32.9 MiB).
+    std::size_t total_load = 0;
     int conflict_streak = 0;
     // Re-plans made because a live-out it serves dynamically proved to die
     // in the next step (kept_dynamic_but_cyclic); at most kRelearnMax.
@@ -494,6 +501,7 @@ struct StepPlanJob {
   StreamId stream = 0;
   std::size_t step_load = 0, obstacle_bytes = 0, persistent = 0;
   std::size_t variant_load = 0;  // LOAD of the steps it holds (the larger of own and target's)
+  std::size_t total_load = 0;    // Layout::total_load after install
   int phases = 1;
   int relearned = 0;  // Layout::relearned after install
   std::size_t n_slots = 0;  // planned slots; in an alternating plan buffers k, k + n_slots are slot k's phases
