@@ -8,7 +8,7 @@ peak allocated for the whole run and for the steady state (after the first repla
 wall-time ratio of the whole processes (ours / PyTorch's, medians of the alternated runs; imports
 and model building included) and peak RSS of both.
 
-    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,cnn,mlp,lstm,gru,gpt2-var,llama-var,bert-var,t5-var,
+    python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,vit-bf16-2t,cnn,mlp,lstm,gru,gpt2-var,llama-var,bert-var,t5-var,
                                                     gpt2-compile,generate,generate-keyed]
                                       [--steps 30] [--repeats 1]
 
@@ -34,6 +34,7 @@ ROWS = {
     "bert": ["--arch", "bert", "--batch", "8"],
     "t5": ["--arch", "t5"],
     "cnn": ["--arch", "cnn", "--batch", "8"],
+    "vit-bf16-2t": ["--arch", "vit", "--batch", "16", "--bf16", "--threads", "2"],
     "mlp": ["--arch", "mlp", "--batch", "8", "--seq", "64"],
     "lstm": ["--arch", "lstm", "--batch", "16", "--seq", "32"],
     "gru": ["--arch", "gru", "--batch", "16", "--seq", "32"],

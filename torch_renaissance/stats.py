@@ -87,7 +87,9 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     ``planned_hits`` / ``planned_misses`` / ``planned_conflicts`` (requests in
     planned steps served at their planned offset / not matching the trace /
     matching but blocked by a live block), ``planned_fast_hits`` (of the hits,
-    those served by the replay fast path, without the arena's lock), ``planned_unserved``
+    those served by the replay fast path, without the arena's lock), ``planned_reordered`` (of the
+    hits, those matched to a later position of the plan than their own: concurrent threads'
+    requests in another order than recorded), ``planned_unserved``
     (allocations of planned steps after their replay stopped, served by the dynamic pool;
     ``hit_rate`` is ``planned_hits`` over these and ``planned_requests`` together), ``plan_bytes`` (planned territory),
     ``step_and_persistent_load_bytes`` (the largest, over the steps the current

@@ -17,7 +17,7 @@ import json
 import torch
 from torch import nn
 
-ARCHS = ("gpt2", "llama", "bert", "t5", "cnn", "mlp", "lstm", "gru")
+ARCHS = ("gpt2", "llama", "bert", "t5", "vit", "cnn", "mlp", "lstm", "gru")
 
 
 class ResNetish(nn.Module):
@@ -101,6 +101,10 @@ def build(arch: str, size: str, vocab: int) -> nn.Module:
                                                        d_ff=4 * d, num_heads=heads, d_kv=d // heads,
                                                        vocab_size=vocab, decoder_start_token_id=0,
                                                        pad_token_id=0, eos_token_id=1))
+    if arch == "vit":  # 32 x 32 images, patches of 8
+        return T.ViTForImageClassification(T.ViTConfig(num_hidden_layers=layers, hidden_size=d,
+                                                       intermediate_size=4 * d, num_attention_heads=heads,
+                                                       image_size=32, patch_size=8, num_labels=10))
     raise ValueError(f"unknown arch {arch!r}; one of {', '.join(ARCHS)}")
 
 
@@ -137,6 +141,7 @@ def train(argv: list = None) -> list:
     p.add_argument("--keyed", action="store_true",
                    help="--generate: each generate() is torch_renaissance.step(key=prompt length) "
                         "(imports torch_renaissance; a no-op step where it is not installed)")
+    p.add_argument("--bf16", action="store_true", help="run forward under CPU bf16 autocast")
     p.add_argument("--losses", metavar="PATH", help="write the losses (or generated tokens) as JSON")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads (0: leave as is); 1 makes losses independent of machine load")
@@ -182,10 +187,17 @@ def train(argv: list = None) -> list:
                 y = torch.randint(0, 10, (a.batch,), generator=gen)
                 out = step_fn(x)
                 loss = nn.functional.cross_entropy(out, y)
+            elif a.arch == "vit":
+                x = torch.randn(a.batch, 3, 32, 32, generator=gen)
+                y = torch.randint(0, 10, (a.batch,), generator=gen)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                    out = step_fn(pixel_values=x, labels=y)
+                loss = out.loss
             else:
                 ids = torch.randint(1, a.vocab, (a.batch, seq), generator=gen)
                 batch = {"input_ids": ids, "labels": ids}
-                out = step_fn(**batch)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                    out = step_fn(**batch)
                 loss = out.loss
             loss.backward()
             opt.step()

@@ -167,6 +167,9 @@ struct PlanStats {
   std::int64_t planned_misses = 0;     // did not match the trace (size, stream, count)
   std::int64_t planned_conflicts = 0;  // matched, but the range was still live
   std::int64_t planned_fast_hits = 0;  // of the hits, those served without the arena's lock
+  // Of the hits, those served at a later position of the plan than the
+  // request's own (concurrent threads' requests in another order than recorded).
+  std::int64_t planned_reordered = 0;
   std::int64_t plans = 0;           // plans computed
   std::int64_t variants = 0;        // variants kept now
   std::int64_t layouts = 0;         // layouts (structures) kept now

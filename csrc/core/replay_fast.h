@@ -34,6 +34,9 @@ inline char* StepPlanner::fast_place(std::size_t requested, std::size_t rounded,
   const std::size_t size = r.size(i);
   // A routed position is one of the layout's stream's slots (arm_fast).
   if (size == 0 || rounded > size || stream != fast_stream_) return nullptr;
+  // Another thread's position (in the step before): the slow path matches
+  // it out of order (place()).
+  if (const std::uint64_t t = position_thread(i); t != 0 && t != cur_->opener) return nullptr;
   const std::uint32_t epoch = fast_epoch_;
   if (!fast_all_clean_) {
     const std::uint8_t clean = fast_clean_[i];

@@ -17,6 +17,7 @@ bool StepPlanner::fits(const Layout& l, std::size_t i, std::size_t rounded,
 bool StepPlanner::switch_layout(std::size_t i, std::size_t rounded, StreamId stream, bool exact) {
   // The step's first allocations choose the variant: take the most recently
   // used layout that fits every request so far and this one.
+  if (permuted_) return false;
   Layout* best = nullptr;
   std::uint64_t best_use = 0;
   for (const Variant& v : variants_) {
@@ -63,6 +64,7 @@ bool StepPlanner::plans_calling_thread() const {
 
 Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId stream) {
   // During a CUDA-graph capture no event may be waited on: no replay then.
+  pending_pos_ = kNoPosition;
   if (!open_ || !active_ || view_.capturing) return nullptr;
   // Another thread's work during the step: the dynamic pool, unrecorded.
   if (!counts_thread(thread_tag())) return nullptr;
@@ -72,7 +74,8 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
     if (replayed_) ++stats_.planned_unserved;
     return nullptr;
   }
-  const std::size_t i = cur_->entries.size();
+  const std::size_t i = next_position();
+  pending_pos_ = i;
   ++stats_.planned_requests;
   // The first requests choose among layouts of this key: one whose slot has
   // exactly this size beats one that only holds it (variants with layouts of
@@ -80,6 +83,14 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   if (i < kChooseWindow && layouts_.size() > 1 && fits(*active_, i, rounded, stream) &&
       active_->slots[i].size != rounded) {
     switch_layout(i, rounded, stream, /*exact=*/true);
+  }
+  // Position i is another thread's (in the step before): this request is
+  // its own thread's next position's, come before the other thread's.
+  const std::uint64_t tag = thread_tag(), owner = position_thread(i);
+  if (owner != 0 && owner != tag && ahead_.size() < kMaxAhead) {
+    bool served = false;
+    Block* b = place_ahead(i, requested, rounded, stream, tag, served);
+    if (served) return b;
   }
   if (!fits(*active_, i, rounded, stream) && !switch_layout(i, rounded, stream)) {
     ++stats_.planned_misses;
@@ -134,6 +145,116 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
   return b;
 }
 
+Block* StepPlanner::place_ahead(std::size_t i, std::size_t requested, std::size_t rounded,
+                               StreamId stream, std::uint64_t tag, bool& served) {
+  const Layout& l = *active_;
+  const std::size_t end = std::min(l.slots.size(), i + 1 + kMatchWindow);
+  auto served_ahead = [this](std::size_t k) {
+    return std::find(ahead_.begin(), ahead_.end(), k) != ahead_.end();
+  };
+  // Whether slot j's range meets that of a skipped position (i..j-1, not yet
+  // served): their lifetimes do not overlap in the plan (that one dies
+  // before j is born), so that one's request, still to come, would find j's
+  // block in its range.
+  auto meets_skipped = [&](std::size_t j) {
+    const std::size_t a = l.slots[j].offset[phase_], e = a + l.slots[j].size;
+    for (std::size_t k = i; k < j; ++k) {
+      const PlannedBuffer& s = l.slots[k];
+      if (s.dynamic || s.stream != l.stream || served_ahead(k)) continue;
+      if (s.offset[phase_] < e && a < s.offset[phase_] + s.size) return true;
+    }
+    return false;
+  };
+  // The calling thread's next position (its requests come in its order).
+  std::size_t j = i + 1;
+  while (j < end && (position_thread(j) != tag || served_ahead(j))) ++j;
+  if (j >= end || !fits(l, j, rounded, stream)) return nullptr;  // not its: the usual path
+  std::size_t taken = kNoPosition, blocked = kNoPosition;
+  Block* b = nullptr;
+  const PlannedBuffer& s = l.slots[j];
+  // Its range must be free now (the arena's check): it was planned for
+  // later in the step, when what stands there now may be gone.
+  if (s.dynamic ||
+      (!meets_skipped(j) && (b = place_slot(s, requested, rounded, stream)) != nullptr)) {
+    taken = j;
+  } else {
+    blocked = j;
+  }
+  if (taken == kNoPosition && blocked == kNoPosition) return nullptr;
+  if (!permuted_) {
+    // Until now every request took its own position.
+    permuted_ = true;
+    pos_next_ = cur_->entries.size();
+    pos_of_.resize(pos_next_);
+    for (std::size_t k = 0; k < pos_next_; ++k) pos_of_[k] = k;
+  }
+  served = true;
+  if (taken == kNoPosition) {
+    // Its position, but its range is not free (yet): the dynamic pool
+    // serves it, as a conflict, and the replay goes on (rather than a miss
+    // that ends it).
+    pending_pos_ = blocked;
+    ++stats_.planned_conflicts;
+    ++step_conflicts_;
+    return nullptr;
+  }
+  pending_pos_ = taken;
+  ++stats_.planned_hits;
+  ++stats_.planned_reordered;
+  ++cur_hits_;
+  return b;
+}
+
+void StepPlanner::take_position() {
+  if (!permuted_) return;  // position = entry index
+  std::size_t p = pending_pos_;
+  pending_pos_ = kNoPosition;
+  if (p == kNoPosition || p < pos_next_ ||
+      std::find(ahead_.begin(), ahead_.end(), p) != ahead_.end()) {
+    p = pos_next_;  // not chosen by place() (a cached block, a step no longer replayed)
+  }
+  pos_of_.push_back(p);
+  if (p != pos_next_) {
+    ahead_.push_back(p);
+    return;
+  }
+  ++pos_next_;
+  for (auto it = std::find(ahead_.begin(), ahead_.end(), pos_next_); it != ahead_.end();
+       it = std::find(ahead_.begin(), ahead_.end(), pos_next_)) {
+    ahead_.erase(it);
+    ++pos_next_;
+  }
+}
+
+bool StepPlanner::order_by_position() {
+  StepTrace& cur = *cur_;
+  const std::size_t n = cur.entries.size();
+  if (!permuted_ || missed_ || !ahead_.empty() || pos_next_ != n || pos_of_.size() != n) return false;
+  std::vector<std::int64_t> renum(n, -1);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (pos_of_[k] >= n || renum[k] >= 0) return false;
+    renum[k] = static_cast<std::int64_t>(pos_of_[k]);
+  }
+  std::vector<std::uint8_t> seen(n, 0);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (seen[pos_of_[k]]) return false;  // not a permutation
+    seen[pos_of_[k]] = 1;
+  }
+  std::vector<TraceEntry> entries(n);
+  std::vector<std::uint64_t> threads(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    entries[pos_of_[k]] = std::move(cur.entries[k]);
+    threads[pos_of_[k]] = cur.threads[k];
+  }
+  cur.entries = std::move(entries);
+  cur.threads = std::move(threads);
+  for (const auto& [ptr, b] : view_.live) {
+    if (b->step != step_ || b->seq < 0 || static_cast<std::size_t>(b->seq) >= n) continue;
+    b->seq = renum[static_cast<std::size_t>(b->seq)];
+  }
+  return true;
+}
+
 bool StepPlanner::room_to_grow(const Layout& l, std::size_t i, std::size_t rounded) const {
   const PlannedBuffer& s = l.slots[i];
   return rounded <= s.size || rounded - s.size <= s.room[phase_];
@@ -153,12 +274,14 @@ void StepPlanner::on_allocated(Block* b) {
   if (!counts_thread(tag)) return;  // not part of the step (b->step stays 0)
   b->step = step_;
   b->seq = static_cast<std::int64_t>(cur_->entries.size());
+  take_position();
   record_entry(b->size, b->stream, reinterpret_cast<std::uintptr_t>(b->ptr), tag);
 }
 
 void StepPlanner::record_entry(std::size_t size, StreamId stream, std::uintptr_t address,
                                std::uint64_t tag) {
-  const std::size_t i = cur_->entries.size();
+  // The position it took (out-of-order matching), else its index.
+  const std::size_t i = permuted_ ? pos_of_.back() : cur_->entries.size();
   TraceRecord& e = cur_->entries.emplace_back();  // built in place (reserved by begin_step)
   e.size = size;
   e.stream = stream;
@@ -358,7 +481,7 @@ void StepPlanner::fast_refresh() noexcept {
 }
 
 bool StepPlanner::fast_valid() const {
-  return fast_armed_ && open_ && replaying_ && !missed_ && step_ == fast_step_ &&
+  return fast_armed_ && open_ && replaying_ && !missed_ && !permuted_ && step_ == fast_step_ &&
          active_ == fast_layout_ && phase_ == fast_phase_ &&
          routes_[fast_phase_].layout == active_ && routes_[fast_phase_].generation == layout_gen_ &&
          !view_.capturing && territory_.epoch_idle() && territory_.of(active_->stream) == fast_seg_ &&
@@ -368,7 +491,10 @@ bool StepPlanner::fast_valid() const {
 bool StepPlanner::fast_rearmable() const {
   // Not after a miss: a request that outgrew its slot may hold a block
   // beyond its planned range, which no predecessor list names.
-  return open_ && replaying_ && active_ && !missed_ && !view_.capturing && territory_.epoch_idle();
+  // Nor after out-of-order matching: the fast path's position is the
+  // entry's index.
+  return open_ && replaying_ && active_ && !missed_ && !permuted_ && !view_.capturing &&
+         territory_.epoch_idle();
 }
 
 const std::vector<StepPlanner::FastBlock>& StepPlanner::take_fast_live() {
@@ -437,6 +563,11 @@ void StepPlanner::begin_step(std::uint64_t key) {
   prev_ = last == last_by_key_.end() ? nullptr : last->second.get();
   clock_ = 0;
   missed_ = false;
+  permuted_ = false;
+  pos_next_ = 0;
+  ahead_.clear();
+  pos_of_.clear();
+  pending_pos_ = kNoPosition;
   step_conflicts_ = 0;
   cur_hits_ = cur_same_ = cur_comparable_ = 0;
   cur_ = std::make_unique<StepTrace>();
@@ -476,6 +607,8 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   replaying_ = false;
   cur_->end_time = clock_;
   ++stats_.steps;
+  order_by_position();
+  permuted_ = false;
   drop_irregular_threads();
   if (!cur_->entries.empty()) {
     stats_.last_step_allocations = static_cast<std::int64_t>(cur_->entries.size());

@@ -29,6 +29,16 @@
 //     alternating layout placed also stands at its slot's other offset.
 // Steps of shapes that never repeat back off: after kBackoffPlans plans
 // that no later step replayed, a new shape is planned only when seen twice.
+// Replay matches request k of a step to position k of the plan, but the
+// requests of two threads that run concurrently (intra-op workers) come in
+// either order: a request of another thread than the one that made its
+// position's request in the step before is matched to its own thread's next
+// position (within kMatchWindow, not yet served) when it fits there: at its
+// range when that is free, else by the dynamic pool (a conflict), and the
+// replay goes on; the positions it skipped are served by the next requests
+// (out-of-order matching). One thread's requests are never reordered. A
+// step matched wholly so is recorded in plan order (its trace, threads and
+// its blocks' positions), so it is the same variant as the recorded one.
 // A layout is a plan for one structure (allocation count and streams); the
 // variants of a structure (other batch sizes or lengths) share a layout,
 // each slot taking the max size over them, so the addresses do not change,
@@ -283,7 +293,9 @@ class StepPlanner {
   // rest of the plan still holds. O(1): the slot's room above, computed once
   // per installed layout (slot_room.h).
   bool room_to_grow(const Layout& l, std::size_t i, std::size_t rounded) const;
-  // exact: only a layout whose slot i has exactly `rounded` bytes.
+  // exact: only a layout whose slot i has exactly `rounded` bytes. Never
+  // after out-of-order matching (the step's positions are the active
+  // layout's).
   bool switch_layout(std::size_t i, std::size_t rounded, StreamId stream, bool exact = false);
   // The first requests of a step that look for a layout with exact sizes.
   static constexpr std::size_t kChooseWindow = 16;
@@ -292,6 +304,35 @@ class StepPlanner {
   // is served dynamically, with the territory handed back, as after a miss.
   static constexpr int kConflictLimit = 16;
   static constexpr int kConflictShare = 8;
+  // --- out-of-order matching (the top; place()) --------------------------
+  static constexpr std::size_t kMatchWindow = 16;  // positions looked at after the next one
+  static constexpr std::size_t kMaxAhead = 8;  // positions served ahead at once
+  static constexpr std::size_t kNoPosition = ~std::size_t(0);
+  // The open step's next position: the lowest not yet served.
+  std::size_t next_position() const { return permuted_ ? pos_next_ : cur_->entries.size(); }
+  // The thread that made position i's request in the step of its key
+  // before (position order); 0 when not known.
+  std::uint64_t position_thread(std::size_t i) const {
+    return prev_ && i < prev_->threads.size() ? prev_->threads[i] : 0;
+  }
+  // Serves the request at the calling thread's (`tag`) next position after
+  // `i` (within the window, not yet served) when the request fits it: at its
+  // range when free, else by the dynamic pool (a conflict); `served` says
+  // whether it took that position (the block, or nullptr). O(kMatchWindow).
+  Block* place_ahead(std::size_t i, std::size_t requested, std::size_t rounded, StreamId stream,
+                     std::uint64_t tag, bool& served);
+  // Books the position of the request on_allocated records (the one place()
+  // chose, else the next).
+  void take_position();
+  // end_step: puts a wholly out-of-order matched step's trace in plan order
+  // (entries, threads, its live blocks' positions); false when its positions
+  // do not cover it (a miss), which keeps the order of arrival.
+  bool order_by_position();
+  bool permuted_ = false;   // the open step matched a position out of order
+  std::size_t pos_next_ = 0;
+  std::vector<std::size_t> ahead_;   // positions served ahead of pos_next_
+  std::vector<std::size_t> pos_of_;  // per recorded entry: its position (permuted_ only)
+  std::size_t pending_pos_ = kNoPosition;  // place()'s choice, booked by on_allocated
   bool activate_territory();
   // Makes `stream`'s territory exactly the highest top of its layouts
   // (lowering it when the old layouts were larger); none when it has none.

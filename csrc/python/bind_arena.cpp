@@ -71,6 +71,7 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["planned_misses"] = p.planned_misses;
   r["planned_conflicts"] = p.planned_conflicts;
   r["planned_fast_hits"] = p.planned_fast_hits;
+  r["planned_reordered"] = p.planned_reordered;
   r["planned_unserved"] = p.planned_unserved;
   r["plans"] = p.plans;
   r["variants"] = p.variants;
