@@ -475,12 +475,8 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   std::unique_ptr<PlanJob> job;
   KeyBackoff& kb = key_backoff_[key_];
   // Conflicts in a step that kept to its layouts or is a known variant (a
-  // new shape that left them is the never-repeating back-off's business),
-  // and in which no other key's blocks died (keyed steps: the first layouts
-  // are made while the other keys record, and the re-plans that pin around
-  // their outputs settle it; tests/test_keyed_steps.py).
-  if (cur_->phase >= 0 && step_conflicts_ > 0 && cur_->foreign_frees.empty() &&
-      (known || stats_.planned_misses == misses_at_begin_)) {
+  // new shape that left them is the never-repeating back-off's business).
+  if (cur_->phase >= 0 && step_conflicts_ > 0 && (known || stats_.planned_misses == misses_at_begin_)) {
     kb.troubled = true;
   }
   if (backed_off_) {
