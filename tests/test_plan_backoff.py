@@ -127,7 +127,7 @@ def _check(planned, peaks):
     first = next(i for i, (_, b) in enumerate(peaks) if b)
     assert r["backoff_steps"] >= min(BACKOFF_WAIT, steps - 1 - first), r
     # Bounded planning: at most one plan in three steps (the old code made
-    # 27-40 plans in the routing loops' 60 steps, re-planning to the end).
+    # 7-37 plans in these 60 steps, re-planning to the end of the run).
     assert r["plans"] <= steps // 3, r
     planned.check_invariants()
 

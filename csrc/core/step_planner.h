@@ -29,9 +29,6 @@
 //     alternating layout placed also stands at its slot's other offset.
 // Steps of shapes that never repeat back off: after kBackoffPlans plans
 // that no later step replayed, a new shape is planned only when seen twice.
-// A key whose plans keep being followed by conflicts backs off too: its
-// layouts are forgotten and its steps served dynamically for exponentially
-// many steps (KeyBackoff, plan_holds).
 // A layout is a plan for one structure (allocation count and streams); the
 // variants of a structure (other batch sizes or lengths) share a layout,
 // each slot taking the max size over them, so the addresses do not change,
