@@ -65,12 +65,6 @@ def _print_report(rep: dict, out) -> None:
                      f"live outside it; planned territory {_mib(rep['plan_bytes'])}, "
                      f"{_plural(rep['variants'], 'variant')}, {_plural(rep['layouts'], 'layout')})")
         lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  (last step)")
-    if rep["planned_steps"] or rep.get("plans"):
-        line = f"  plans made             {rep.get('plans', 0)}  (plan time {rep.get('plan_seconds', 0.0):.2f} s)"
-        if rep.get("backoffs"):
-            line += (f"; backed off {_plural(rep['backoffs'], 'time')}, {rep['backoff_steps']} steps "
-                     "run unplanned (its plans kept being followed by conflicts)")
-        lines.append(line)
     if rep["steady_reason"] is None:
         lines.append(f"  steady peak reserved   {_mib(rep['steady_peak_reserved_bytes'])}  (/ steady peak "
                      f"allocated {_ratio(rep['steady_peak_reserved_over_peak_allocated'])}, / LOAD "

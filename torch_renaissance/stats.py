@@ -98,10 +98,7 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     (planned territory over the LOAD of the step's buffers plus the obstacles
     inside it; old name ``plan_over_load``), ``variants``, ``layouts``, ``address_stability``
     (fraction of the last step's allocations at the same address as in the
-    step before), ``plans`` (plans made), ``backoffs`` (times a step key's plans
-    kept being followed by conflicts and its steps were served by the dynamic
-    pool for a while instead; docs/design.md "Plans that do not hold"),
-    ``backoff_steps`` (steps served so), ``pending_bytes.*``, ``events_recorded``, ``event_queries``.
+    step before), ``pending_bytes.*``, ``events_recorded``, ``event_queries``.
 
     Args:
         device: ``"cpu"``, ``"cuda[:N]"``, a ``torch.device`` or None (the
@@ -323,7 +320,6 @@ def report(device: Any = None, step_times: Optional[list] = None,
     planned = s["renaissance.planned_steps"] > 0
     # The run's LOAD: the largest over every layout (keys, variants), not the
     # current one's (a serving loop's last step may be its smallest).
-    # None once no layout is kept (a step key that backed off forgets its layouts).
     load = s["renaissance.largest_load_bytes"] if planned else 0
     times = list(step_times or [])
     # The first interval (from the install to the first boundary) holds the
@@ -350,12 +346,8 @@ def report(device: Any = None, step_times: Optional[list] = None,
         "plan_hits": s["renaissance.planned_hits"],
         "plan_misses": s["renaissance.planned_misses"],
         "plan_conflicts": s["renaissance.planned_conflicts"],
-        "plans": s["renaissance.plans"],
-        "plan_seconds": s["renaissance.plan_seconds"],
-        "backoffs": s["renaissance.backoffs"],
-        "backoff_steps": s["renaissance.backoff_steps"],
         "plan_hit_rate": s["renaissance.hit_rate"] if planned else None,
-        "load_bytes": load if planned and load else None,
+        "load_bytes": load if planned else None,
         "plan_bytes": s["renaissance.plan_bytes"] if planned else None,
         "peak_reserved_over_load": ratio(peak_res, load) if planned else None,
         "steady_peak_allocated_bytes": now_alloc if steady else None,

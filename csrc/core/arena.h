@@ -168,8 +168,6 @@ struct PlanStats {
   std::int64_t planned_conflicts = 0;  // matched, but the range was still live
   std::int64_t planned_fast_hits = 0;  // of the hits, those served without the arena's lock
   std::int64_t plans = 0;           // plans computed
-  std::int64_t backoffs = 0;        // times a key's plans stopped holding and it backed off (steps run dynamic)
-  std::int64_t backoff_steps = 0;   // steps run dynamic because their key was backed off
   std::int64_t variants = 0;        // variants kept now
   std::int64_t layouts = 0;         // layouts (structures) kept now
   std::int64_t plan_bytes = 0;      // planned territory of the current layout

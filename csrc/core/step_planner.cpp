@@ -431,11 +431,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
     cur_->entries.reserve(prev_->entries.size());
     cur_->threads.reserve(prev_->entries.size());
   }
-  auto kb = key_backoff_.find(key_);
-  backed_off_ = kb != key_backoff_.end() && step_ <= kb->second.until;
-  if (backed_off_) ++stats_.backoff_steps;
-  misses_at_begin_ = stats_.planned_misses;
-  active_ = backed_off_ ? nullptr : most_recent_layout(&key_);
+  active_ = most_recent_layout(&key_);
   replaying_ = active_ && activate_territory();
   // Alternating layouts replay their phases in turn, so that this step's
   // buffers go where the previous step's still-live ones are not; the step
@@ -471,17 +467,9 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   std::vector<std::size_t> sizes;
   sizes.reserve(cur_->entries.size());
   for (const TraceRecord& e : cur_->entries) sizes.push_back(e.size);
-  Variant* known = backed_off_ ? nullptr : find_variant(sizes);
+  Variant* known = find_variant(sizes);
   std::unique_ptr<PlanJob> job;
-  KeyBackoff& kb = key_backoff_[key_];
-  // Conflicts in a step that kept to its layouts or is a known variant (a
-  // new shape that left them is the never-repeating back-off's business).
-  if (cur_->phase >= 0 && step_conflicts_ > 0 && (known || stats_.planned_misses == misses_at_begin_)) {
-    kb.troubled = true;
-  }
-  if (backed_off_) {
-    // Served by the dynamic pool: nothing to replay, nothing planned.
-  } else if (known) {
+  if (known) {
     unreplayed_plans_ = 0;
     known->last_used = ++use_clock_;
     Layout* l = known->layout;
@@ -495,8 +483,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     const bool relearn = cur_->phase >= 0 && !missed_ && l->relearned < kRelearnMax &&
                          kept_dynamic_but_cyclic(*l);
     if (prev_ && !planning_ &&
-        (l->conflict_streak >= 2 || (cur_->phase >= 0 && !missed_ && obstacles_gone(*l)) || relearn) &&
-        plan_holds(kb)) {
+        (l->conflict_streak >= 2 || (cur_->phase >= 0 && !missed_ && obstacles_gone(*l)) || relearn)) {
       // Other steps' blocks died in this one (keyed steps: the previous
       // key's output): their layouts planned around where this step's
       // live-outs stand. Moving those would make the other keys conflict
@@ -510,18 +497,9 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   } else if (Layout* l = covering_layout(); l && !missed_) {
     unreplayed_plans_ = 0;
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
-  } else if (prev_ && !cur_->entries.empty() && !planning_ && plan_new_shape(sizes) && plan_holds(kb)) {
+  } else if (prev_ && !cur_->entries.empty() && !planning_ && plan_new_shape(sizes)) {
     job = plan_step(std::move(sizes));
     if (job) ++unreplayed_plans_;
-  }
-  if (job && kb.retry) {
-    kb.retry = false;  // the streak stays one short of a back-off
-    kb.planned = true;
-    kb.troubled = false;
-  } else if (job) {
-    kb.streak = kb.planned && kb.troubled ? kb.streak + 1 : 0;
-    kb.planned = true;
-    kb.troubled = false;
   }
   if (settle_steps_ > 0 && !job) {
     // After a (re)plan, give back what recording and the first replay steps
@@ -561,37 +539,6 @@ std::uint64_t StepPlanner::twin_offset(std::uint64_t step, std::int64_t seq, std
     return kNoTwin;
   }
   return kNoTwin;
-}
-
-bool StepPlanner::plan_holds(KeyBackoff& kb) {
-  // The key's last kTroubledPlans plans were each followed by conflicts:
-  // its buffers live where its layouts place others (a step of another
-  // structure between two of its own, data-dependent shapes), and a new
-  // plan would only be followed by more. Serve its steps dynamically, with
-  // the territory handed back, and retry after exponentially many steps.
-  if (!(kb.planned && kb.troubled && kb.streak + 1 >= kTroubledPlans)) return true;
-  kb.level = std::min(kb.level + 1, kBackoffMaxLevel);
-  kb.until = step_ + (kBackoffWait << (kb.level - 1));
-  // On the retry one more plan followed by conflicts backs off again.
-  kb.streak = kTroubledPlans - 1;
-  kb.troubled = false;
-  kb.retry = true;
-  ++stats_.backoffs;
-  forget_key(key_);
-  territory_.demote_all();
-  view_.release_cached();
-  return false;
-}
-
-void StepPlanner::forget_key(std::uint64_t key) {
-  ++layout_gen_;  // layouts go: the fast path's routes are rebuilt
-  variants_.erase(std::remove_if(variants_.begin(), variants_.end(),
-                                 [key](const Variant& v) { return v.layout->key == key; }),
-                  variants_.end());
-  if (active_ && active_->key == key) active_ = nullptr;
-  layouts_.erase(std::remove_if(layouts_.begin(), layouts_.end(),
-                                [key](const std::unique_ptr<Layout>& l) { return l->key == key; }),
-                 layouts_.end());
 }
 
 bool StepPlanner::plan_new_shape(const std::vector<std::size_t>& sizes) {

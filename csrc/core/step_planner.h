@@ -416,36 +416,6 @@ class StepPlanner {
   static constexpr std::size_t kShapeMemory = 64;
   int unreplayed_plans_ = 0;
   std::vector<std::uint64_t> unplanned_shapes_;
-  // Back-off for keys whose plans do not hold (docs/design.md "Plans that
-  // do not hold": a periodic no_grad eval between optimizer steps, MoE
-  // routing): when a plan of a key is due and each of the key's last
-  // kTroubledPlans plans was followed by a replayed step of the key with
-  // conflicts (that kept to its layouts or was a known variant: a new
-  // shape that left them is the other back-off's business),
-  // no plan is made; the key's steps run dynamic, with every
-  // territory given back, for kBackoffWait << (n - 1) steps at its n-th
-  // back-off (n at most kBackoffMaxLevel); its layouts are forgotten. Then
-  // it is recorded and planned afresh; if that plan too is followed by
-  // conflicts, the next back-off is twice as long.
-  struct KeyBackoff {
-    bool planned = false;     // a plan of the key was made (or it is retried)
-    bool troubled = false;    // a replayed step of the key conflicted since
-    int streak = 0;           // plans in a row each followed by conflicts
-    int level = 0;            // back-offs so far
-    bool retry = false;       // backed off: its next plan is a retry
-    std::uint64_t until = 0;  // the key's steps up to this step run dynamic
-  };
-  static constexpr int kTroubledPlans = 2;
-  static constexpr std::uint64_t kBackoffWait = 16;
-  static constexpr int kBackoffMaxLevel = 10;
-  std::map<std::uint64_t, KeyBackoff> key_backoff_;
-  bool backed_off_ = false;  // the open step's key is backed off
-  std::int64_t misses_at_begin_ = 0;  // stats_.planned_misses when the open step began
-  // Whether a plan of the open step's key may be made now; when not, the
-  // key backs off (above).
-  bool plan_holds(KeyBackoff& kb);
-  // Forgets every layout and variant of `key` (a back-off).
-  void forget_key(std::uint64_t key);
   // Whether a step of a new shape is planned now (the back-off above);
   // remembers the shape when it is not.
   bool plan_new_shape(const std::vector<std::size_t>& sizes);

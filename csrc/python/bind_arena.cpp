@@ -73,8 +73,6 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["planned_fast_hits"] = p.planned_fast_hits;
   r["planned_unserved"] = p.planned_unserved;
   r["plans"] = p.plans;
-  r["backoffs"] = p.backoffs;
-  r["backoff_steps"] = p.backoff_steps;
   r["variants"] = p.variants;
   r["layouts"] = p.layouts;
   r["plan_bytes"] = p.plan_bytes;
