@@ -65,6 +65,7 @@ def _print_report(rep: dict, out) -> None:
                      f"live outside it; planned territory {_mib(rep['plan_bytes'])}, "
                      f"{_plural(rep['variants'], 'variant')}, {_plural(rep['layouts'], 'layout')})")
         lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  (last step)")
+        lines.append(f"  plans made             {rep['plans']}  (planner time {rep['plan_seconds']:.2f} s)")
     if rep["steady_reason"] is None:
         lines.append(f"  steady peak reserved   {_mib(rep['steady_peak_reserved_bytes'])}  (/ steady peak "
                      f"allocated {_ratio(rep['steady_peak_reserved_over_peak_allocated'])}, / LOAD "
