@@ -207,3 +207,28 @@ def test_report_naming_the_script_does_not_wipe_it_before_it_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(prog), str(prog)],
                        capture_output=True, text=True, env=clean_env(), timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "script body ran", r.stderr
+
+
+def test_run_report_counts_the_plans_made(tmp_path):
+    # A tester found replans only from step-time stalls: the report had no count of
+    # plans. The program reads the arena's own count after its last step; the report
+    # (JSON and text) must say the same, and a fixed loop of one structure plans once.
+    (tmp_path / "loop.py").write_text(
+        "import torch, torch_renaissance as tr\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Linear(64, 64)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(8):\n"
+        "    m(torch.randn(8, 64)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "print(tr.memory_stats()['renaissance.plans'])\n")
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(tmp_path / "r.json"),
+                        str(tmp_path / "loop.py")], capture_output=True, text=True,
+                       env=clean_env({"TORCH_RENAISSANCE_CONF": "plan_budget_ms:0"}), timeout=300)
+    assert r.returncode == 0, r.stderr
+    seen = int(r.stdout.strip())
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["plans"] == seen == 1, (rep["plans"], seen)
+    assert rep["plan_seconds"] >= 0
+    assert f"plans made             {seen}  (planner time" in r.stderr, r.stderr
