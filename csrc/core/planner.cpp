@@ -644,6 +644,17 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
       cut = true;  // every improvement phase runs until the budget is spent
       const bool obstacles = inst.num_items > inst.num_free && map.has_gaps();
       bool search = inst.num_free <= kSearchMaxItems || cyclic_search;
+      // Ruin and recreate over the whole plan on a share, then the peak
+      // repair on the rest (the phases of a large instance).
+      auto improve_then_repair = [&] {
+        Work first = work.child(
+            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
+        detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
+                        best.method);
+        work.absorb(first);
+        detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                             best.method);
+      };
       if (search) {
         std::uint64_t ticks = 0;
         for (std::uint32_t i = 0; i < inst.num_free; ++i) {
@@ -670,13 +681,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
                              best.offsets, best.method, /*raise=*/true);
         work.absorb(share);
-        Work first = work.child(
-            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
-        detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
-                        best.method);
-        work.absorb(first);
-        detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
-                             best.method);
+        improve_then_repair();
       } else if (search) {
         detail::search_small(inst, map, lower_bound, options.seed, work, best.height,
                              best.offsets, best.method, /*raise=*/true);
@@ -687,13 +692,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         // recreate over the whole plan first, then the peak repair by
         // sub-search (windows at the peak, each solved with everything else
         // fixed) on the rest.
-        Work first = work.child(
-            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kImproveShare));
-        detail::improve(inst, lower_bound, options.seed, first, best.height, best.offsets,
-                        best.method);
-        work.absorb(first);
-        detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
-                             best.method);
+        improve_then_repair();
       }
     }
 
