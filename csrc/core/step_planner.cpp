@@ -1130,14 +1130,14 @@ void StepPlanner::widen_with_previous(std::vector<PlannedBuffer>& slots, std::in
 }
 
 StepPlanner::Layout* StepPlanner::merge_with_layout(std::vector<PlannedBuffer>& slots,
-                                                    std::int64_t T, std::int64_t& horizon,
+                                                    std::int64_t T, std::size_t own_load,
+                                                    std::int64_t& horizon,
                                                     std::size_t& variant_load) const {
   // Same structure as a kept layout: merge (max sizes, union of lifetimes)
   // into the one whose merged LOAD is lowest, unless even that is well above
   // the LOAD of every step it would hold (sizes that do not fit its slots,
   // e.g. two buffers whose sizes swap): then this variant gets a layout of
   // its own, and the territory holds the larger of the two, not their max.
-  const std::size_t own_load = load_of(slots, T);
   Layout* target = nullptr;
   std::vector<PlannedBuffer> best;
   horizon = T;  // the step's length on the merged time axis
@@ -1311,7 +1311,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   std::int64_t horizon = T;
   std::size_t variant_load = 0;
   const std::size_t own_load = load_of(slots, T);  // before a merge widens the slots
-  Layout* target = merge_with_layout(slots, T, horizon, variant_load);
+  Layout* target = merge_with_layout(slots, T, own_load, horizon, variant_load);
   planner::Problem problem;
   std::vector<std::size_t> index;  // problem buffer -> slot (phase 0)
   const int phases = make_problem(slots, horizon, problem, index);

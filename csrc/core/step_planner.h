@@ -351,8 +351,10 @@ class StepPlanner {
   // Merges `slots` into the kept layout of the same structure whose merged
   // LOAD is lowest (within kMergeSlack); returns it (or nullptr: a layout of
   // its own), with the merged horizon and the LOAD of the steps it holds.
+  // `own_load`: the LOAD of `slots` as recorded (load_of(slots, T)).
   Layout* merge_with_layout(std::vector<PlannedBuffer>& slots, std::int64_t T,
-                            std::int64_t& horizon, std::size_t& variant_load) const;
+                            std::size_t own_load, std::int64_t& horizon,
+                            std::size_t& variant_load) const;
   static int make_problem(std::vector<PlannedBuffer>& slots, std::int64_t horizon,
                           planner::Problem& problem, std::vector<std::size_t>& index);
   // A live block of the open step that is a planned slot (a live-out).
