@@ -1,7 +1,8 @@
 """Planner quality and time: every reference trace in ../shared/data/traces and
 seeded generated instances (torch_renaissance.synthetic: training steps, SOMAS-style
-compiler graphs, XLA/IOPDDL-style buffers, and cyclic two-phase steps of a loop that keeps
-its previous output, at 0.25 s (the step planner's budget) and 1 s), against LOAD
+compiler graphs, XLA/IOPDDL-style buffers, MiniMalloc-style packed squares, and cyclic
+two-phase steps of a loop that keeps its previous output, at 0.25 s (the step planner's
+budget) and 1 s), against LOAD
 and greedy by size (the TFLite/XLA baseline).
 
 For each instance: buffers, LOAD, greedy by size, torch_renaissance's plan
@@ -34,7 +35,8 @@ from torch_renaissance import trace as T
 from torch_renaissance.planner import plan_lifetimes, validate
 from torch_renaissance import _C
 from torch_renaissance.planner import PlanResult
-from torch_renaissance.synthetic import alternating_step, somas_graph, training_step, xla_buffers
+from torch_renaissance.synthetic import (alternating_step, packed_square, somas_graph, training_step,
+                                         xla_buffers)
 
 #: Synthetic steps: (about how many buffers, seed). Sizes and seeds are in docs/benchmarks.md.
 SYNTHETIC = [(1_000, 1), (3_000, 2), (10_000, 3), (30_000, 4), (100_000, 5), (10_000, 6),
@@ -48,6 +50,10 @@ GENERATED = [(g, n, seed) for g in (training_step, somas_graph, xla_buffers)
 #: (about how many buffers, seed).
 CYCLIC = [(1_000, 21), (2_000, 22), (3_000, 23), (5_000, 24), (8_000, 25)]
 MINIMALLOC_CAPACITY = 1_048_576
+#: Hard instances of MiniMalloc's family (packed_square: a 1,048,576 x 1,048,576 square cut
+#: into rectangles, some removed; a plan at 1,048,576 exists): (buffers, seed). Planned as
+#: MiniMalloc's A-E are (1 s, target +2%; 10 s).
+PACKED = [(210, 1), (230, 2), (250, 3), (270, 4), (290, 5)]
 #: Instance name -> period, for the cyclic ones (planned through the extension's cyclic API).
 PERIODS = {}
 
@@ -83,6 +89,8 @@ def instances(quick: bool, minimalloc_csv=()):
     for gen, n, seed in GENERATED[:1] if quick else GENERATED:
         lt = gen(n, seed)
         out.append((f"{gen.__name__}_{n // 1000}k_s{seed} ({len(lt)})", "generated", lt, None))
+    for n, seed in PACKED[:1] if quick else PACKED:
+        out.append((f"packed_square_{n}_s{seed}", "minimalloc", packed_square(n, seed)[0], None))
     for n, seed in CYCLIC[:2] if quick else CYCLIC:
         lt, period = alternating_step(n, seed)
         name = f"alternating_step_{n // 1000}k_s{seed} ({len(lt)})"

@@ -722,3 +722,44 @@ def test_large_xla_buffers_plan_is_no_taller_than_first_fit(seed):
     assert check_plan_by_ticks(lt, res.offsets) == res.plan_bytes
     ref = min(fit_ref(lt, size_key, first=True), fit_ref(lt, size_class_key, first=True))
     assert res.plan_bytes <= ref
+
+
+@pytest.mark.parametrize("n, seed", [(60, 0), (230, 2), (400, 9)])
+def test_packed_square_is_seeded_and_its_layout_is_a_valid_plan(n, seed):
+    # The MiniMalloc-style generator: seeded, `n` buffers on a 1,024 grid, and its own
+    # layout (the square it was cut from) is a valid plan no taller than 1,048,576 bytes,
+    # checked here independently of the planner; LOAD is at most that height.
+    from torch_renaissance.synthetic import packed_square
+
+    lt, offsets = packed_square(n, seed)
+    assert (lt, offsets) == packed_square(n, seed)
+    assert packed_square(n, seed + 1) != (lt, offsets)
+    assert len(lt) == len(offsets) == n
+    for (s, lo, up), o in zip(lt, offsets):
+        assert s > 0 and s % 1024 == 0 and lo % 1024 == 0 and up % 1024 == 0 and o % 1024 == 0
+        assert 0 <= lo < up <= 1 << 20 and o + s <= 1 << 20
+    height = check_plan_by_ticks(lt, offsets)
+    assert height <= 1 << 20
+    sizes, lowers, uppers = (list(c) for c in zip(*lt))
+    assert diff_load(sizes, lowers, uppers, 1 << 20) <= height
+    with pytest.raises(ValueError, match="buffers"):
+        packed_square(10, 0)
+
+
+@pytest.mark.parametrize("n, seed, most", [(230, 2, 1.05), (250, 3, 1.135)])
+def test_packed_square_plans_lower_with_the_peak_repair(n, seed, most):
+    # Issue 12, tenth pass: on small hard instances (MiniMalloc's family, here
+    # packed_square's) the search over the whole instance stalls after its first plans,
+    # and now gets 70% of the budget, the peak repair the rest (windows at the plan's top
+    # re-planned with everything else fixed). Clock off, 1 s: before, these were +6.445%
+    # and +14.941% over LOAD (the search alone); with the repair +4.395% and +12.500%.
+    from torch_renaissance.planner import plan_lifetimes
+    from torch_renaissance.synthetic import packed_square
+
+    lt, _ = packed_square(n, seed)
+    sizes, lowers, uppers = (list(c) for c in zip(*lt))
+    load = diff_load(sizes, lowers, uppers, 1 << 20)
+    res = plan_lifetimes(lt, budget_seconds=1.0, clock_seconds=math.inf)
+    assert res.load_bytes == load
+    assert check_plan_by_ticks(lt, res.offsets) == res.plan_bytes
+    assert res.plan_bytes <= most * load, (res.plan_bytes / load, res.method)

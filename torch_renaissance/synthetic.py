@@ -451,3 +451,73 @@ def alternating_step(buffers: int = 2_000, seed: int = 0) -> Tuple[List[Tuple[in
             upper = end + 1 if end >= lower else end + 1 + period
             out.append((size, lower, upper))
     return out, period
+
+
+def packed_square(buffers: int = 250,
+                  seed: int = 0) -> Tuple[List[Tuple[int, int, int]], List[int]]:
+    """A hard instance shaped like MiniMalloc's "challenging" set (its A-K).
+
+    Those instances (google/minimalloc, ``benchmarks/challenging``) are a
+    square of 1,048,576 ticks by 1,048,576 bytes cut into 150-450 rectangles
+    on a 1,024 grid, with some of them taken out (5-12% of the area; their
+    LOAD is then at or below the square's side). Every buffer overlaps dozens
+    of others, and a plan at the square's side exists by construction, but
+    greedy orders end 30-40% above it. This generator cuts the square the
+    same way: it splits the rectangle of largest area (ties by the seed)
+    across its longer side (in time or in space; three times in ten the
+    other one; the first cut in space, so that the instance does not fall
+    apart into two time ranges) at a grid point drawn from its middle 60%,
+    until there are ``buffers`` plus the removed ones, then removes a seeded
+    share of them (5-12% of the rectangles, so about that of the area).
+
+    Args:
+        buffers: how many buffers to keep (20 to 2,000).
+        seed: picks every cut and which rectangles are removed.
+
+    Returns:
+        ``(lifetimes, offsets)``: lifetimes as ``(size_bytes, lower, upper)``
+        in ticks 0..1,048,576 (multiples of 1,024), and the generator's own
+        layout, an offset in bytes per buffer: a valid plan whose height is at
+        most the square's side, 1,048,576 bytes (so the optimum is at most
+        that; often it is LOAD itself).
+
+    Raises:
+        ValueError: ``buffers`` outside [20, 2,000].
+    """
+    if not 20 <= buffers <= 2_000:
+        raise ValueError(f"buffers must be in [20, 2000], got {buffers}")
+    rng = random.Random(seed)
+    grid, side = 1024, 1024  # cells of 1,024 ticks x 1,024 bytes; 1,024 cells a side
+    removed_share = rng.uniform(0.05, 0.12)
+    # Rectangles as (t0, t1, o0, o1) in cells; cut until there are enough
+    # that removing removed_share of the area leaves about `buffers`.
+    target = int(round(buffers / (1.0 - removed_share)))
+    rects = [(0, side, 0, side)]
+    first = True
+    while len(rects) < target:
+        best = max(range(len(rects)),
+                   key=lambda i: ((rects[i][1] - rects[i][0]) * (rects[i][3] - rects[i][2]),
+                                  rng.random()))
+        t0, t1, o0, o1 = rects[best]
+        across_time = (t1 - t0) > (o1 - o0) if not first else False
+        if rng.random() < 0.3:
+            across_time = not across_time and not first
+        lo, hi = (t0, t1) if across_time else (o0, o1)
+        if hi - lo < 2:
+            across_time = not across_time
+            lo, hi = (t0, t1) if across_time else (o0, o1)
+            if hi - lo < 2:
+                break  # nothing left to cut (not reached for buffers <= 2,000)
+        cut = rng.randint(lo + max(1, (hi - lo) // 5), hi - max(1, (hi - lo) // 5))
+        cut = min(max(cut, lo + 1), hi - 1)
+        first = False
+        if across_time:
+            parts = [(t0, cut, o0, o1), (cut, t1, o0, o1)]
+        else:
+            parts = [(t0, t1, o0, cut), (t0, t1, cut, o1)]
+        rects[best] = parts[0]
+        rects.append(parts[1])
+    rng.shuffle(rects)
+    kept = rects[:buffers]
+    out = [((o1 - o0) * grid, t0 * grid, t1 * grid) for t0, t1, o0, o1 in kept]
+    return out, [o0 * grid for _, _, o0, _ in kept]

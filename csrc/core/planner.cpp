@@ -131,6 +131,17 @@ constexpr std::uint32_t kRepairMaxItems = 20000;
 // the constructive passes) that the branch and bound gets; the peak repair
 // by sub-search (planner_improve.h) gets the rest.
 constexpr double kObstacleSearchShare = 0.5;
+// Without obstacles, up to kSearchMaxItems linear buffers: the share of the
+// budget left after the constructive passes that the search over the whole
+// instance gets; the peak repair by sub-search gets the rest. On hard
+// instances (MiniMalloc's set and packed_square's) the search's ladder and
+// raise find their plans early and then stall, and its exact schedule needs
+// seconds; the peak repair's windows (each re-planned with everything else
+// fixed, kept when the window's top drops) go on lowering the plan from
+// there: at 1 s of work, 9 of 10 such instances lower or equal, none higher,
+// at 0.7 (docs/benchmarks.md, issue 12's tenth pass). MiniMalloc's E still
+// reaches LOAD at 10 s.
+constexpr double kSmallSearchShare = 0.7;
 // Without obstacles and too large for the search, the share of the budget
 // left after the constructive passes that ruin and recreate (improve()) gets;
 // the peak repair by sub-search gets the rest.
@@ -683,8 +694,16 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         work.absorb(share);
         improve_then_repair();
       } else if (search) {
-        detail::search_small(inst, map, lower_bound, options.seed, work, best.height,
+        // The search over the whole instance on kSmallSearchShare of what
+        // is left, then the peak repair on the rest (ruin and recreate
+        // after it, when the repair stops early).
+        Work share = work.child(
+            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kSmallSearchShare));
+        detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
                              best.offsets, best.method, /*raise=*/true);
+        work.absorb(share);
+        detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
+                             best.method);
         detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,
                         best.method);
       } else {
