@@ -746,13 +746,15 @@ def test_packed_square_is_seeded_and_its_layout_is_a_valid_plan(n, seed):
         packed_square(10, 0)
 
 
-@pytest.mark.parametrize("n, seed, most", [(230, 2, 1.05), (250, 3, 1.135)])
+@pytest.mark.parametrize("n, seed, most", [(230, 2, 1.05), (260, 7, 1.10)])
 def test_packed_square_plans_lower_with_the_peak_repair(n, seed, most):
     # Issue 12, tenth pass: on small hard instances (MiniMalloc's family, here
     # packed_square's) the search over the whole instance stalls after its first plans,
     # and now gets 70% of the budget, the peak repair the rest (windows at the plan's top
-    # re-planned with everything else fixed). Clock off, 1 s: before, these were +6.445%
-    # and +14.941% over LOAD (the search alone); with the repair +4.395% and +12.500%.
+    # and, up to 320 buffers, the top band, each re-planned with everything else fixed).
+    # Clock off, 1 s: with the search alone these were +6.445% and +10.938% over LOAD;
+    # with the repair's windows +4.395% and +10.449%; with the top band too +4.395% and
+    # +9.375%.
     from torch_renaissance.planner import plan_lifetimes
     from torch_renaissance.synthetic import packed_square
 

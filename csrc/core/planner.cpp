@@ -136,11 +136,11 @@ constexpr double kObstacleSearchShare = 0.5;
 // instance gets; the peak repair by sub-search gets the rest. On hard
 // instances (MiniMalloc's set and packed_square's) the search's ladder and
 // raise find their plans early and then stall, and its exact schedule needs
-// seconds; the peak repair's windows (each re-planned with everything else
-// fixed, kept when the window's top drops) go on lowering the plan from
-// there: at 1 s of work, 9 of 10 such instances lower or equal, none higher,
-// at 0.7 (docs/benchmarks.md, issue 12's tenth pass). MiniMalloc's E still
-// reaches LOAD at 10 s.
+// seconds; the peak repair (its windows, and on small instances its top
+// band, each re-planned with everything else fixed and kept when its top
+// drops) goes on lowering the plan from there: at 1 s of work 9 of 13 such
+// instances plan lower, the other 4 equal (docs/benchmarks.md, issue 12's
+// tenth pass). With 70%, MiniMalloc's E still reaches LOAD within 10 s.
 constexpr double kSmallSearchShare = 0.7;
 // Without obstacles and too large for the search, the share of the budget
 // left after the constructive passes that ruin and recreate (improve()) gets;

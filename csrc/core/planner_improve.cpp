@@ -126,13 +126,19 @@ constexpr std::size_t kObstaclesPerFreed = 8;
 constexpr std::uint64_t kSlices = 6;
 // Neighbourhoods, from small to large: the peak ticks are those where the
 // plan's top is within `band` (a fraction of the height) of the height, then
-// widened by `radius` (a fraction of the ticks) on each side.
+// widened by `radius` (a fraction of the ticks) on each side. The last one,
+// the top band (band < 0), only on instances of at most kMaxFreed buffers:
+// a quarter to half of the buffers, those with the highest tops over every
+// tick. On small hard instances (MiniMalloc's, packed_square's) the plan's
+// top is a plateau (MiniMalloc's D: at the height over 75% of the time), so
+// a window at the peak frees only part of what holds it up; the top band
+// re-plans all of it (docs/benchmarks.md, issue 12's tenth pass).
 struct Stage {
   double band;
   double radius;
 };
-constexpr Stage kStages[] = {{0.0, 0.0},   {0.005, 0.0}, {0.0, 0.02},
-                             {0.01, 0.05}, {0.02, 0.1},  {0.04, 0.2}};
+constexpr Stage kStages[] = {{0.0, 0.0},   {0.005, 0.0}, {0.0, 0.02}, {0.01, 0.05},
+                             {0.02, 0.1},  {0.04, 0.2},  {-1.0, -1.0}};
 constexpr std::size_t kNumStages = sizeof(kStages) / sizeof(kStages[0]);
 
 std::uint64_t hash_marks(const std::vector<char>& marks) {
@@ -323,6 +329,8 @@ class PeakRepair {
     bool top_valid = false;  // top_ describes cur_ (recomputed only after cur_ changed)
     std::vector<std::uint64_t> failed;  // freed sets that gave nothing at this height
     std::size_t stage = 0, skipped = 0;
+    // The top band (the last stage) only on small instances.
+    const std::size_t stages = n_ <= kMaxFreed ? kNumStages : kNumStages - 1;
     // Units of the last round outside its sub-search (which looks at the
     // clock): a round starts only when the clock fits that much.
     std::uint64_t fixed_cost = 0;
@@ -338,8 +346,8 @@ class PeakRepair {
       // seeds).
       const std::uint64_t key = hash_marks(freed_);
       if (std::find(failed.begin(), failed.end(), key) != failed.end()) {
-        stage = (stage + 1) % kNumStages;
-        if (++skipped >= kNumStages) {
+        stage = (stage + 1) % stages;
+        if (++skipped >= stages) {
           failed.clear();
           skipped = 0;
         }
@@ -355,7 +363,7 @@ class PeakRepair {
         stage = 0;
       } else {
         failed.push_back(key);
-        stage = (stage + 1) % kNumStages;
+        stage = (stage + 1) % stages;
       }
     }
   }
@@ -416,8 +424,10 @@ class PeakRepair {
 
   // The freed set of stage `st` (freed_; returns its size): every item live
   // in the window of this stage; too many, and it is cut to one run of the
-  // window, then to the items with the highest tops over that run.
+  // window, then to the items with the highest tops over that run. The top
+  // band: a drawn quarter to half of the items, the highest tops.
   std::uint32_t choose_freed(const Stage& st) {
+    if (st.band < 0) return choose_top_band();
     const std::uint64_t threshold =
         height_ - static_cast<std::uint64_t>(st.band * static_cast<double>(height_));
     const auto radius = static_cast<std::int32_t>(st.radius * static_cast<double>(T_));
@@ -460,6 +470,26 @@ class PeakRepair {
     count = static_cast<std::uint32_t>(std::min(keep, chosen_.size()));
     work_.add(4 * chosen_.size() + 16);
     return count;
+  }
+
+  // The top band (see kStages): from a quarter to half of the items (at
+  // least 2), drawn, those with the highest tops (ties by index).
+  std::uint32_t choose_top_band() {
+    chosen_.resize(n_);
+    for (std::uint32_t i = 0; i < n_; ++i) chosen_[i] = i;
+    auto higher = [&](std::uint32_t x, std::uint32_t y) {
+      const std::uint64_t tx = cur_[x] + inst_.size[x], ty = cur_[y] + inst_.size[y];
+      return tx != ty ? tx > ty : x < y;
+    };
+    const std::size_t lo = std::max<std::size_t>(2, n_ / 4);
+    const std::size_t hi = std::max<std::size_t>(lo, n_ / 2);
+    const std::size_t keep = std::min<std::size_t>(n_, lo + mix(rng_) % (hi - lo + 1));
+    std::partial_sort(chosen_.begin(), chosen_.begin() + static_cast<std::ptrdiff_t>(keep),
+                      chosen_.end(), Stop::polled(inst_.stop, higher));
+    std::fill(freed_.begin(), freed_.end(), 0);
+    for (std::size_t k = 0; k < keep; ++k) freed_[chosen_[k]] = 1;
+    work_.add(4 * static_cast<std::uint64_t>(n_) + 16);
+    return static_cast<std::uint32_t>(keep);
   }
 
   // Re-plans the `count` freed items as a sub-problem with everything else
