@@ -47,7 +47,7 @@ TR_HOT_INLINE char* StepPlanner::fast_place(std::size_t requested, std::size_t r
   // allocation here), or where it may switch layouts (the step's first
   // requests, when there is a choice): the slow path.
   if (i - fast_first_ >= fast_end_ - fast_first_) return nullptr;  // i outside [first, end)
-  const ReplayRoute& r = routes_[fast_phase_];
+  const ReplayRoute& r = *fast_route_;
   const std::size_t size = r.size(i);
   // A routed position is one of the layout's stream's slots (arm_fast).
   if (size == 0 || rounded > size || stream != fast_stream_) return nullptr;
@@ -80,7 +80,7 @@ TR_HOT_INLINE char* StepPlanner::fast_place(std::size_t requested, std::size_t r
 }
 
 TR_HOT_INLINE bool StepPlanner::fast_free(void* ptr, std::size_t& rounded, std::size_t& requested) noexcept {
-  const ReplayRoute& r = routes_[fast_phase_];
+  const ReplayRoute& r = *fast_route_;
   // Below the base, the offset wraps past any top.
   const std::size_t off = reinterpret_cast<std::uintptr_t>(ptr) - reinterpret_cast<std::uintptr_t>(fast_base_);
   if (off >= r.top()) return false;

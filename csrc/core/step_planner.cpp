@@ -455,7 +455,7 @@ Segment* StepPlanner::arm_fast() {
   }
   // Room for every position: the fast path never allocates. (A flush
   // emptied the table before any arming: every arming is under the lock.)
-  fast_slots_.reset(r.spots(), n);
+  fast_slots_.reset(r.spots());
   fast_flush_.clear();
   fast_flush_.reserve(n);
   // The reference addresses (reference_address, fixed for the step).
@@ -473,6 +473,7 @@ Segment* StepPlanner::arm_fast() {
   }
   fast_layout_ = &l;
   fast_phase_ = phase_;
+  fast_route_ = &routes_[phase_];
   fast_step_ = step_;
   fast_seg_ = seg;
   fast_base_ = seg->base;
@@ -522,34 +523,37 @@ void StepPlanner::materialize_fast() {
   const FastRecord* f = fast_rec_.data();
   TraceRecord* e = entries.data();
   const auto base = reinterpret_cast<std::uintptr_t>(fast_base_);
+  const StreamId stream = fast_stream_;
+  // With reference_address(i) compared (from the table arm_fast found) for
+  // i < ref_end, then without.
+  const std::size_t ref_end = std::max(first, std::min(end, fast_ref_n_));
+  const std::uintptr_t* ref = fast_ref_;
+  const std::size_t stride = fast_ref_stride_;
+  std::int64_t same = 0;
   for (std::size_t i = first; i < end; ++i) {
+    const std::uintptr_t address = base + r.offset(i);
     e[i].size = f[i].rounded;
-    e[i].stream = fast_stream_;
+    e[i].stream = stream;
     e[i].alloc_time = f[i].alloc_time;
     e[i].free_time = f[i].free_time;
-    e[i].address = base + r.offset(i);
+    e[i].address = address;
+    if (i < ref_end) same += ref[i * stride] == address;
   }
-  // reference_address(i), from the table arm_fast found.
-  const std::size_t ref_end = std::min(end, fast_ref_n_);
-  std::int64_t same = 0;
-  for (std::size_t i = first; i < ref_end; ++i) same += fast_ref_[i * fast_ref_stride_] == e[i].address;
   const auto n = static_cast<std::int64_t>(end - first);
   stats_.planned_requests += n;
   stats_.planned_hits += n;
   stats_.planned_fast_hits += n;
   cur_hits_ += n;
-  cur_comparable_ += ref_end > first ? static_cast<std::int64_t>(ref_end - first) : 0;
+  cur_comparable_ += static_cast<std::int64_t>(ref_end - first);
   cur_same_ += same;
 }
 
 const std::vector<StepPlanner::FastBlock>& StepPlanner::take_fast_live() {
+  // What the fast path served since the last flush: [first, fast_next_).
+  const std::size_t first = cur_->entries.size();
   materialize_fast();
   fast_flush_.clear();
-  if (fast_slots_.size() == 0) {
-    fast_slots_.take_all(routes_[fast_phase_], [](std::uint32_t) {});  // forget what was made
-    return fast_flush_;
-  }
-  fast_slots_.take_all(routes_[fast_phase_], [&](std::uint32_t pos) {
+  fast_slots_.take_all(routes_[fast_phase_], first, fast_next_, [&](std::uint32_t pos) {
     const TraceRecord& e = cur_->entries[pos];
     fast_flush_.push_back(FastBlock{reinterpret_cast<char*>(e.address), pos, e.size, fast_rec_[pos].requested, e.stream});
   });

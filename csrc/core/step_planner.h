@@ -434,6 +434,7 @@ class StepPlanner {
   bool fast_armed_ = false;
   const Layout* fast_layout_ = nullptr;
   int fast_phase_ = 0;
+  const ReplayRoute* fast_route_ = &routes_[0];  // routes_[fast_phase_]
   std::uint64_t fast_step_ = 0;
   Segment* fast_seg_ = nullptr;
   StreamId fast_stream_ = 0;
