@@ -206,6 +206,10 @@ TR_NO_INLINE void* Arena::allocate_unplanned(std::size_t size, StreamId stream) 
       return p;
     }
   }
+  return allocate_locked_path(size, stream);
+}
+
+TR_NO_INLINE void* Arena::allocate_locked_path(std::size_t size, StreamId stream) {
   return allocate(size, stream, OomHooks{});
 }
 
@@ -335,6 +339,10 @@ TR_NO_INLINE void Arena::deallocate_unplanned(void* ptr) {
     if constexpr (debug::kLevel >= 3) debug_check_fast_path();
     return;
   }
+  deallocate_locked_path(ptr);
+}
+
+TR_NO_INLINE void Arena::deallocate_locked_path(void* ptr) {
   Op g(*this);
   Block* b = live_block_locked(ptr, "free");
   if (Front* f = b->front) {

@@ -385,11 +385,14 @@ class Arena : private TerritoryHost {
   // is armed (with TR_DEBUG=3's check after it); nullptr: go on.
   inline void* replay_try_allocate(std::size_t size, StreamId stream) noexcept;
   inline bool replay_deallocate(void* ptr) noexcept;
-  // allocate(size, stream) and deallocate(ptr) after the fast path's
-  // attempt: out of line, so that a planned replay's pair does not pay for
-  // the registers the rest of them saves.
+  // allocate(size, stream) and deallocate(ptr) after planned replay's
+  // attempt (the fronts', then the locked path), and the locked path alone:
+  // each out of line, so that neither fast path pays for the registers the
+  // locked path saves.
   void* allocate_unplanned(std::size_t size, StreamId stream);
+  void* allocate_locked_path(std::size_t size, StreamId stream);
   void deallocate_unplanned(void* ptr);
+  void deallocate_locked_path(void* ptr);
   // With mu_ held: takes the replay lock when armed and flushes (the fast
   // path's live allocations become territory blocks); leave disarms unless
   // the fast path may go on (the opener's own operation, same step and
