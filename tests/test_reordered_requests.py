@@ -215,3 +215,30 @@ def test_two_threads_whose_requests_swap_stay_planned(C):
             arena.check_invariants()
     finally:
         worker.stop()
+
+
+def test_the_openers_request_before_a_workers_position_is_not_served_there(C):
+    """The opener's request comes first where the step before had a worker's
+    request first (a 64 B request that would fit the worker's 20 KiB slot):
+    it is matched to the opener's own next position, not served at the
+    worker's position by the fast path (whose thread check is made when it is
+    armed, from the step before's threads)."""
+    arena = C.Arena(C.HostDevice(), plan_budget_ms=0)
+    worker = _Worker(arena)
+    sizes = (64, 20 * KiB)
+    try:
+        for _ in range(2):
+            _two_threads_step(arena, worker, sizes, worker_first=True)
+        planned = _two_threads_step(arena, worker, sizes, worker_first=True)
+        for step in range(6):
+            before = arena.stats()["renaissance"]
+            worker_first = step % 2 == 1
+            got = _two_threads_step(arena, worker, sizes, worker_first)
+            d = _delta(arena, before)
+            assert d["planned_misses"] == 0 and d["planned_unserved"] == 0, (step, d)
+            assert d["planned_hits"] == d["planned_requests"] == 6, (step, d)
+            assert d["planned_reordered"] == int(not worker_first), (step, d)
+            assert got == planned, step
+            arena.check_invariants()
+    finally:
+        worker.stop()

@@ -185,7 +185,7 @@ void Arena::set_max_reserved_bytes(std::size_t bytes) {
   config_.max_reserved_bytes = bytes;
 }
 
-inline void* Arena::replay_try_allocate(std::size_t size, StreamId stream) noexcept {
+TR_HOT_INLINE void* Arena::replay_try_allocate(std::size_t size, StreamId stream) noexcept {
   if (!replay_armed_.load(std::memory_order_relaxed)) return nullptr;
   void* p = replay_allocate(size, stream);
   if constexpr (debug::kLevel >= 3) {
@@ -196,12 +196,20 @@ inline void* Arena::replay_try_allocate(std::size_t size, StreamId stream) noexc
 
 void* Arena::allocate(std::size_t size, StreamId stream) {
   if (void* p = replay_try_allocate(size, stream)) return p;
+  return allocate_unplanned(size, stream);
+}
+
+TR_NO_INLINE void* Arena::allocate_unplanned(std::size_t size, StreamId stream) {
   if (size - 1 < front_max_) {  // 0 < size <= front_max_
     if (void* p = front_allocate(size, stream)) {
       if constexpr (debug::kLevel >= 3) debug_check_fast_path();
       return p;
     }
   }
+  return allocate_locked_path(size, stream);
+}
+
+TR_NO_INLINE void* Arena::allocate_locked_path(std::size_t size, StreamId stream) {
   return allocate(size, stream, OomHooks{});
 }
 
@@ -323,10 +331,18 @@ void Arena::deallocate(void* ptr) {
     if constexpr (debug::kLevel >= 3) debug_check_replay();
     return;
   }
+  deallocate_unplanned(ptr);
+}
+
+TR_NO_INLINE void Arena::deallocate_unplanned(void* ptr) {
   if (front_max_ && front_deallocate(ptr)) {
     if constexpr (debug::kLevel >= 3) debug_check_fast_path();
     return;
   }
+  deallocate_locked_path(ptr);
+}
+
+TR_NO_INLINE void Arena::deallocate_locked_path(void* ptr) {
   Op g(*this);
   Block* b = live_block_locked(ptr, "free");
   if (Front* f = b->front) {
@@ -1665,7 +1681,7 @@ const void* Arena::replay_me() noexcept {
   return &front_tls::t_last_front;
 }
 
-void* Arena::replay_allocate(std::size_t size, StreamId stream) noexcept {
+TR_HOT_INLINE void* Arena::replay_allocate(std::size_t size, StreamId stream) noexcept {
   if (size - 1 >= kMaxRequest || replay_owner_.load(std::memory_order_relaxed) != replay_me()) {
     return nullptr;
   }
@@ -1692,7 +1708,7 @@ void* Arena::replay_allocate(std::size_t size, StreamId stream) noexcept {
   return p;
 }
 
-bool Arena::replay_deallocate(void* ptr) noexcept {
+TR_HOT_INLINE bool Arena::replay_deallocate(void* ptr) noexcept {
   if (replay_owner_.load(std::memory_order_relaxed) != replay_me()) return false;
   FastSection g(replay_lock_);
   if (!g.entered() || !replay_armed_.load(std::memory_order_relaxed) ||

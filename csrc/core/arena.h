@@ -380,11 +380,19 @@ class Arena : private TerritoryHost {
   // The step's opener serves its planned allocations and frees them without
   // mu_, inside the replay lock's fast section (an asymmetric Dekker pair,
   // FrontLock). nullptr / false: take the slow path.
-  void* replay_allocate(std::size_t size, StreamId stream) noexcept;
+  inline void* replay_allocate(std::size_t size, StreamId stream) noexcept;
   // allocate()'s and try_allocate()'s first attempt: the fast path when it
   // is armed (with TR_DEBUG=3's check after it); nullptr: go on.
   inline void* replay_try_allocate(std::size_t size, StreamId stream) noexcept;
-  bool replay_deallocate(void* ptr) noexcept;
+  inline bool replay_deallocate(void* ptr) noexcept;
+  // allocate(size, stream) and deallocate(ptr) after planned replay's
+  // attempt (the fronts', then the locked path), and the locked path alone:
+  // each out of line, so that neither fast path pays for the registers the
+  // locked path saves.
+  void* allocate_unplanned(std::size_t size, StreamId stream);
+  void* allocate_locked_path(std::size_t size, StreamId stream);
+  void deallocate_unplanned(void* ptr);
+  void deallocate_locked_path(void* ptr);
   // With mu_ held: takes the replay lock when armed and flushes (the fast
   // path's live allocations become territory blocks); leave disarms unless
   // the fast path may go on (the opener's own operation, same step and

@@ -13,9 +13,11 @@ void ReplayRoute::build(const std::vector<std::size_t>& offset,
   if (offset.size() != size.size() || offset.size() >= 0xFFFFFFFFu) {
     throw std::invalid_argument("ReplayRoute::build: offsets and sizes differ in count or are too many");
   }
-  offset_ = offset;
-  size_ = size;
-  start_.assign(1, 0);
+  pos_.assign(offset.size() + 1, Position{});
+  for (std::size_t i = 0; i < offset.size(); ++i) {
+    pos_[i].offset = offset[i];
+    pos_[i].size = size[i];
+  }
   preds_.clear();
   // The painter's sweep: `paint` maps the start of each painted interval to
   // (its end, the last position that covered it); intervals are disjoint.
@@ -42,7 +44,7 @@ void ReplayRoute::build(const std::vector<std::size_t>& offset,
       found.erase(std::unique(found.begin(), found.end()), found.end());
       preds_.insert(preds_.end(), found.begin(), found.end());
     }
-    start_.push_back(static_cast<std::uint32_t>(preds_.size()));
+    pos_[i + 1].start = static_cast<std::uint32_t>(preds_.size());
   }
   // Spots: the distinct starts, in a read-only table at most half full.
   std::size_t planned = 0;
@@ -59,7 +61,6 @@ void ReplayRoute::build(const std::vector<std::size_t>& offset,
   mask_ = cap - 1;
   shift_ = 64;
   for (std::size_t c = cap; c > 1; c >>= 1) --shift_;
-  spot_.assign(offset.size(), 0);
   spot_count_ = 0;
   for (std::size_t i = 0; i < offset.size(); ++i) {
     if (size[i] == 0) continue;
@@ -68,14 +69,12 @@ void ReplayRoute::build(const std::vector<std::size_t>& offset,
     if (table_[h].key == kNoKey) {
       table_[h] = SpotSlot{offset[i], static_cast<std::uint32_t>(spot_count_++)};
     }
-    spot_[i] = table_[h].spot;
+    pos_[i].spot = table_[h].spot;
   }
 }
 
-void FastSlots::reset(std::size_t spots, std::size_t positions) {
+void FastSlots::reset(std::size_t spots) {
   at_.assign(spots, 0);
-  made_.resize(positions);
-  made_n_ = 0;
   live_ = 0;
 }
 

@@ -19,7 +19,8 @@
 //     spot for every planned start and -1 for any other offset.
 //   * FastSlots: a spot holds at most one position (the fast path's live
 //     check: two live positions never overlap), and every live position is
-//     among the ones made since the last take_all().
+//     among the ones entered since the last take_all() (a range of
+//     positions its caller names).
 #pragma once
 
 #include <cstddef>
@@ -33,15 +34,15 @@ class ReplayRoute {
   // `offset[i]`, `size[i]`: position i's planned range in bytes from the
   // territory's base (size 0: not planned in territory).
   void build(const std::vector<std::size_t>& offset, const std::vector<std::size_t>& size);
-  std::size_t positions() const { return offset_.size(); }
-  std::size_t offset(std::size_t i) const { return offset_[i]; }
-  std::size_t size(std::size_t i) const { return size_[i]; }
-  const std::uint32_t* preds_begin(std::size_t i) const { return preds_.data() + start_[i]; }
-  const std::uint32_t* preds_end(std::size_t i) const { return preds_.data() + start_[i + 1]; }
+  std::size_t positions() const { return pos_.size() - 1; }
+  std::size_t offset(std::size_t i) const { return pos_[i].offset; }
+  std::size_t size(std::size_t i) const { return pos_[i].size; }
+  const std::uint32_t* preds_begin(std::size_t i) const { return preds_.data() + pos_[i].start; }
+  const std::uint32_t* preds_end(std::size_t i) const { return preds_.data() + pos_[i + 1].start; }
   // Spots: the distinct starts of the planned positions, numbered 0..spots()-1.
   std::size_t spots() const { return spot_count_; }
   // Position i's spot (planned positions only).
-  std::uint32_t spot(std::size_t i) const { return spot_[i]; }
+  std::uint32_t spot(std::size_t i) const { return pos_[i].spot; }
   // The spot starting at `offset`, or -1 (no planned position starts there).
   // Read-only open addressing built with the route: at most half full.
   std::int64_t find_spot(std::size_t offset) const {
@@ -59,8 +60,14 @@ class ReplayRoute {
   std::uint64_t generation = 0;
 
  private:
-  std::vector<std::size_t> offset_, size_;
-  std::vector<std::uint32_t> start_;  // positions + 1 entries into preds_
+  // Per position, what the fast path reads of it together (one line, not
+  // four arrays): its range, where its predecessors start in preds_, its
+  // spot; one more entry at the end, whose `start` ends the last list.
+  struct Position {
+    std::size_t offset = 0, size = 0;
+    std::uint32_t start = 0, spot = 0;
+  };
+  std::vector<Position> pos_{Position{}};
   std::vector<std::uint32_t> preds_;
   struct SpotSlot {
     std::size_t key;  // an offset, or kNoKey
@@ -70,7 +77,6 @@ class ReplayRoute {
   std::size_t home(std::size_t offset) const {
     return static_cast<std::size_t>(((offset >> 6) * 0x9E3779B97F4A7C15ull) >> shift_) & mask_;
   }
-  std::vector<std::uint32_t> spot_;  // per position (planned ones)
   std::vector<SpotSlot> table_{SpotSlot{kNoKey, 0}};
   std::size_t mask_ = 0, spot_count_ = 0, top_ = 0;
   unsigned shift_ = 63;
@@ -80,17 +86,18 @@ class ReplayRoute {
 // (a distinct planned start), the position standing there now. Sized once
 // per route; an allocation stores into its position's spot (no probing), a
 // free finds the spot from the address with the route's read-only table.
-// Only positions with a spot are entered.
+// Only positions with a spot are entered. The positions entered since the
+// last take_all() are a range the caller knows (the fast path's: served in
+// position order since the last flush), so nothing lists them.
 class FastSlots {
  public:
-  // Room for `spots` spots and `positions` allocations between two take_all().
-  void reset(std::size_t spots, std::size_t positions);
+  // Room for `spots` spots, all empty.
+  void reset(std::size_t spots);
   std::size_t size() const { return live_; }
   // Position `pos` now stands at spot `k` (no other live position is there:
   // the fast path's live check).
   void insert(std::uint32_t k, std::uint32_t pos) {
     at_[k] = pos + 1;
-    made_[made_n_++] = pos;
     ++live_;
   }
   // The position standing at spot `k`, removed; -1 when none.
@@ -101,30 +108,29 @@ class FastSlots {
     --live_;
     return static_cast<std::int64_t>(v) - 1;
   }
-  // Calls f(pos) for every live position, then empties the table: O(the
-  // allocations since the last take_all), so a flush costs what the fast
-  // path allocated, not the layout's length.
+  // Calls f(pos) for every live position, then empties the table, when
+  // every position entered since the last take_all() is in [first, end):
+  // O(end - first), so a flush costs what the fast path allocated, not the
+  // layout's length.
   template <typename F>
-  void take_all(const ReplayRoute& r, F f) {
+  void take_all(const ReplayRoute& r, std::size_t first, std::size_t end, F f) {
     // Stops at the last live one (take() empties its own spot, so with
     // nothing live every spot is empty already).
-    for (std::size_t j = 0; live_ != 0 && j < made_n_; ++j) {
-      const std::uint32_t pos = made_[j];
+    for (std::size_t pos = first; live_ != 0 && pos < end; ++pos) {
+      if (r.size(pos) == 0) continue;  // no spot
       std::uint32_t& v = at_[r.spot(pos)];
       if (v == pos + 1) {
-        f(pos);
+        f(static_cast<std::uint32_t>(pos));
         v = 0;
         --live_;
       }
     }
-    made_n_ = 0;
     live_ = 0;
   }
 
  private:
-  std::vector<std::uint32_t> at_;    // per spot: position + 1, or 0
-  std::vector<std::uint32_t> made_;  // positions allocated since the last take_all
-  std::size_t made_n_ = 0, live_ = 0;
+  std::vector<std::uint32_t> at_;  // per spot: position + 1, or 0
+  std::size_t live_ = 0;
 };
 
 }  // namespace renaissance

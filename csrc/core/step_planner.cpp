@@ -292,6 +292,7 @@ void StepPlanner::record_entry(std::size_t size, StreamId stream, std::uintptr_t
     if (ref == e.address) ++cur_same_;
   }
   cur_->threads.push_back(tag);
+  if (tag != cur_->opener) cur_->other_threads = true;
 }
 
 bool StepPlanner::reference_address(std::size_t i, std::uintptr_t& out) const {
@@ -383,7 +384,7 @@ Segment* StepPlanner::arm_fast() {
     fast_epoch_ = 1;
   }
   if (fast_freed_.size() != n) fast_freed_.assign(n, 0);
-  fast_req_.resize(n);
+  fast_rec_.resize(n);
   // Armed again in the middle of a step (after a layout switch): whatever
   // the positions already made still hold is a block in use now, so it
   // makes the ranges over it not clean; as predecessors they count as freed.
@@ -416,9 +417,13 @@ Segment* StepPlanner::arm_fast() {
   }
   fast_wait_freed_.assign(waits, 0);
   fast_wait_list_.clear();
-  // Nothing in use under the line and every range below it: all routed
-  // positions are clean, with no per-position work.
-  fast_all_clean_ = fast_busy_.empty() && r.top() <= seg->plan_top;
+  // Positions another thread made in the step before are never clean: the
+  // slow path matches their requests out of order (place()). Known from the
+  // trace's flag without a look at its threads when the opener made them all.
+  const bool others = prev_ && (prev_->other_threads || prev_->opener != cur_->opener);
+  // Nothing in use under the line and every range below it, and one
+  // thread: all routed positions are clean, with no per-position work.
+  fast_all_clean_ = !others && fast_busy_.empty() && r.top() <= seg->plan_top;
   if (!fast_all_clean_) {
     fast_clean_.assign(n, 0);
     fast_wait_start_.resize(n + 1);
@@ -426,6 +431,10 @@ Segment* StepPlanner::arm_fast() {
       fast_wait_start_[i] = static_cast<std::uint32_t>(fast_wait_list_.size());
       const std::size_t off = r.offset(i), size = r.size(i);
       if (size == 0 || off > seg->plan_top || size > seg->plan_top - off) continue;
+      if (others) {
+        const std::uint64_t t = position_thread(i);
+        if (t != 0 && t != cur_->opener) continue;
+      }
       // The blocks in use that meet [off, off + size): from the first one
       // ending above off, while they start below its end.
       auto it = std::partition_point(fast_busy_.begin(), fast_busy_.end(),
@@ -446,7 +455,7 @@ Segment* StepPlanner::arm_fast() {
   }
   // Room for every position: the fast path never allocates. (A flush
   // emptied the table before any arming: every arming is under the lock.)
-  fast_slots_.reset(r.spots(), n);
+  fast_slots_.reset(r.spots());
   fast_flush_.clear();
   fast_flush_.reserve(n);
   // The reference addresses (reference_address, fixed for the step).
@@ -464,6 +473,7 @@ Segment* StepPlanner::arm_fast() {
   }
   fast_layout_ = &l;
   fast_phase_ = phase_;
+  fast_route_ = &routes_[phase_];
   fast_step_ = step_;
   fast_seg_ = seg;
   fast_base_ = seg->base;
@@ -476,6 +486,8 @@ Segment* StepPlanner::arm_fast() {
 }
 
 void StepPlanner::fast_refresh() noexcept {
+  // The slow path may have recorded entries (the flush made the fast path's).
+  fast_next_ = cur_->entries.size();
   fast_end_ = std::max(fast_first_, std::min({routes_[fast_phase_].positions(),
                                                cur_->entries.capacity(), cur_->threads.capacity()}));
 }
@@ -497,15 +509,53 @@ bool StepPlanner::fast_rearmable() const {
          territory_.epoch_idle();
 }
 
-const std::vector<StepPlanner::FastBlock>& StepPlanner::take_fast_live() {
-  fast_flush_.clear();
-  if (fast_slots_.size() == 0) {
-    fast_slots_.take_all(routes_[fast_phase_], [](std::uint32_t) {});  // forget what was made
-    return fast_flush_;
+void StepPlanner::materialize_fast() {
+  // The entries the fast path recorded compactly, in position order (its
+  // positions are the trace's next ones: i == entries.size() when served).
+  // Room was checked when they were served (fast_end_), so nothing
+  // reallocates here.
+  std::vector<TraceRecord>& entries = cur_->entries;
+  const std::size_t first = entries.size(), end = fast_next_;
+  if (first >= end) return;
+  entries.resize(end);  // default entries: no stream uses
+  cur_->threads.resize(end, cur_->opener);
+  const ReplayRoute& r = routes_[fast_phase_];
+  const FastRecord* f = fast_rec_.data();
+  TraceRecord* e = entries.data();
+  const auto base = reinterpret_cast<std::uintptr_t>(fast_base_);
+  const StreamId stream = fast_stream_;
+  // With reference_address(i) compared (from the table arm_fast found) for
+  // i < ref_end, then without.
+  const std::size_t ref_end = std::max(first, std::min(end, fast_ref_n_));
+  const std::uintptr_t* ref = fast_ref_;
+  const std::size_t stride = fast_ref_stride_;
+  std::int64_t same = 0;
+  for (std::size_t i = first; i < end; ++i) {
+    const std::uintptr_t address = base + r.offset(i);
+    e[i].size = f[i].rounded;
+    e[i].stream = stream;
+    e[i].alloc_time = f[i].alloc_time;
+    e[i].free_time = f[i].free_time;
+    e[i].address = address;
+    if (i < ref_end) same += ref[i * stride] == address;
   }
-  fast_slots_.take_all(routes_[fast_phase_], [&](std::uint32_t pos) {
+  const auto n = static_cast<std::int64_t>(end - first);
+  stats_.planned_requests += n;
+  stats_.planned_hits += n;
+  stats_.planned_fast_hits += n;
+  cur_hits_ += n;
+  cur_comparable_ += static_cast<std::int64_t>(ref_end - first);
+  cur_same_ += same;
+}
+
+const std::vector<StepPlanner::FastBlock>& StepPlanner::take_fast_live() {
+  // What the fast path served since the last flush: [first, fast_next_).
+  const std::size_t first = cur_->entries.size();
+  materialize_fast();
+  fast_flush_.clear();
+  fast_slots_.take_all(routes_[fast_phase_], first, fast_next_, [&](std::uint32_t pos) {
     const TraceRecord& e = cur_->entries[pos];
-    fast_flush_.push_back(FastBlock{reinterpret_cast<char*>(e.address), pos, e.size, fast_req_[pos], e.stream});
+    fast_flush_.push_back(FastBlock{reinterpret_cast<char*>(e.address), pos, e.size, fast_rec_[pos].requested, e.stream});
   });
   return fast_flush_;
 }
@@ -728,7 +778,9 @@ bool StepPlanner::drop_irregular_threads() {
   if (!prev_ || cur.entries.empty()) return false;
   const StepTrace& prev = *prev_;
   if (prev.threads.size() != prev.entries.size()) return false;
-  // The common case, one thread (a scan, not the sort below).
+  // The common case, one thread (the flag record_entry keeps, else a scan,
+  // not the sort below).
+  if (!cur.other_threads) return false;
   if (std::all_of(cur.threads.begin(), cur.threads.end(),
                   [&](std::uint64_t t) { return t == cur.opener; })) {
     return false;

@@ -185,7 +185,10 @@ class StepPlanner {
   inline bool fast_free(void* ptr, std::size_t& rounded, std::size_t& requested) noexcept;
   // The fast path's live allocations (address, position, bytes), taken out
   // of its table: the arena places each as a block (the flush) and gives it
-  // to adopt_fast_block().
+  // to adopt_fast_block(). First the positions the fast path served since
+  // the last flush become trace entries (it records them compactly, see
+  // fast_rec_): whoever reads the open step's trace holds the arena's lock,
+  // and every holder flushes first, so the trace is whole when read.
   struct FastBlock {
     char* ptr;
     std::size_t position, rounded, requested;
@@ -225,6 +228,10 @@ class StepPlanner {
     std::vector<std::uintptr_t> prior_addresses;
     std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
     std::uint64_t opener = 0;            // the thread that began the step
+    // Some entry was recorded for another thread than the opener (record_entry;
+    // it stays set when such entries are dropped or reordered): false means
+    // every entry of `threads` is `opener`.
+    bool other_threads = false;
   };
 
  public:
@@ -427,6 +434,7 @@ class StepPlanner {
   bool fast_armed_ = false;
   const Layout* fast_layout_ = nullptr;
   int fast_phase_ = 0;
+  const ReplayRoute* fast_route_ = &routes_[0];  // routes_[fast_phase_]
   std::uint64_t fast_step_ = 0;
   Segment* fast_seg_ = nullptr;
   StreamId fast_stream_ = 0;
@@ -445,7 +453,19 @@ class StepPlanner {
   // the epoch instead of clearing the array).
   std::vector<std::uint32_t> fast_freed_;
   std::uint32_t fast_epoch_ = 0;
-  std::vector<std::size_t> fast_req_;                  // per position: requested bytes
+  // What the fast path records per position it serves, in place of the
+  // trace entry (32 bytes, no vector, no thread, no reference compare): the
+  // rest of the entry is the route's (stream fast_stream_, address
+  // fast_base_ + offset, thread the opener). Positions [cur_->entries.size(),
+  // fast_next_) are served and not yet in the trace; materialize_fast() (the
+  // flush) appends them and counts their hits and reference addresses.
+  struct FastRecord {
+    std::int64_t alloc_time, free_time;  // free_time -1: live
+    std::size_t rounded, requested;      // bytes
+  };
+  std::vector<FastRecord> fast_rec_;  // per position
+  std::size_t fast_next_ = 0;          // the step's next position while armed
+  void materialize_fast();
   // The reference addresses record_entry compares with (reference_address):
   // fast_ref_[i * fast_ref_stride_] for i < fast_ref_n_.
   const std::uintptr_t* fast_ref_ = nullptr;

@@ -114,8 +114,9 @@ void check_fast_slots(unsigned seed) {
   std::vector<std::size_t> offset, size;
   const ReplayRoute r = random_route(rng, offset, size);
   FastSlots t;
-  t.reset(r.spots(), r.positions());
+  t.reset(r.spots());
   std::map<std::uint32_t, std::uint32_t> ref;  // spot -> live position
+  std::size_t first = 0;  // positions entered since the last take_all: [first, i]
   for (std::size_t i = 0; i < r.positions(); ++i) {
     if (size[i] > 0 && !ref.count(r.spot(i))) {
       t.insert(r.spot(i), static_cast<std::uint32_t>(i));
@@ -131,7 +132,8 @@ void check_fast_slots(unsigned seed) {
       if (it != ref.end()) ref.erase(it);
     } else if (op == 3) {
       std::set<std::uint32_t> got, want;
-      t.take_all(r, [&](std::uint32_t pos) { got.insert(pos); });
+      t.take_all(r, first, i + 1, [&](std::uint32_t pos) { got.insert(pos); });
+      first = i + 1;
       for (const auto& [k, pos] : ref) want.insert(pos);
       expect(got == want, "take_all differs from the live positions", seed);
       ref.clear();
