@@ -1294,6 +1294,86 @@ int StepPlanner::make_problem(std::vector<PlannedBuffer>& slots, std::int64_t ho
   return phases;
 }
 
+std::size_t StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
+                                       const std::vector<std::size_t>& index, std::int64_t horizon,
+                                       int phases, const Layout* target, const planner::Problem& problem,
+                                       std::vector<std::uint64_t>& pinned) const {
+  // The other layout of this key that steps switch with: the most recently
+  // used one other than the one this plan replaces, on the same stream, of
+  // as many phases (a slot's two offsets are taken phase by phase).
+  const Layout* other = nullptr;
+  std::uint64_t best_use = 0;
+  for (const Variant& v : variants_) {
+    const Layout* l = v.layout;
+    if (l == target || l->key != key_ || (other && v.last_used <= best_use)) continue;
+    other = l;
+    best_use = v.last_used;
+  }
+  if (!other || other->stream != slots.front().stream || other->phases != phases) return 0;
+  const std::size_t n = index.size();
+  const std::int64_t period = problem.period;
+  std::vector<std::size_t> buffer_of(slots.size(), kNoPosition);  // slot -> problem buffer (phase 0)
+  for (std::size_t k = 0; k < n; ++k) buffer_of[index[k]] = k;
+  // Pins accepted so far, as (offset, size, lifetime pieces); a pin that
+  // would overlap one of them or an obstacle at any time is left out (the
+  // planner would take the two as one obstacle and the layout would not hold).
+  struct Held {
+    std::uint64_t at, size;
+    Pieces when;
+  };
+  std::vector<Held> held;
+  for (const planner::FixedBuffer& f : problem.fixed) {
+    held.push_back(Held{f.offset, f.size, pieces(f.lower, f.upper, period)});
+  }
+  auto pin = [&](std::size_t i, std::size_t j) {
+    // Slot i of this plan at slot j's offsets in `other`, phase by phase.
+    const std::size_t k = buffer_of[i];
+    if (k == kNoPosition || pinned[k] != StepPlanJob::kNotPinned) return false;
+    const std::size_t ks[2] = {k, phases == 2 ? k + n : k};
+    std::vector<Held> mine;
+    for (int ph = 0; ph < phases; ++ph) {
+      const planner::Buffer& b = problem.buffers[ks[ph]];
+      const Held h{other->slots[j].offset[ph], b.size, pieces(b.lower, b.upper, period)};
+      auto meets = [&h](const Held& o) {
+        return h.at < o.at + o.size && o.at < h.at + h.size && overlap_in_time(h.when, o.when);
+      };
+      if (std::any_of(held.begin(), held.end(), meets) || std::any_of(mine.begin(), mine.end(), meets)) {
+        return false;
+      }
+      mine.push_back(h);
+    }
+    for (int ph = 0; ph < phases; ++ph) pinned[ks[ph]] = mine[static_cast<std::size_t>(ph)].at;
+    held.insert(held.end(), mine.begin(), mine.end());
+    return true;
+  };
+  std::size_t count = 0;
+  // The live-outs, matched in order and by size with the other layout's: the
+  // next step (of either layout) finds them where both planned them.
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].dynamic || slots[i].upper <= horizon) continue;
+    std::size_t j = next;
+    while (j < other->slots.size() &&
+           (other->slots[j].dynamic || other->slots[j].upper <= other->horizon ||
+            other->slots[j].size != slots[i].size || other->slots[j].stream != slots[i].stream)) {
+      ++j;
+    }
+    if (j == other->slots.size()) break;
+    next = j + 1;
+    count += pin(i, j) ? 1 : 0;
+  }
+  // The common prefix: a step's first requests are placed before it is
+  // known which layout it follows (switch_layout), so they are placed at the
+  // same offsets in both.
+  for (std::size_t i = 0; i < std::min(slots.size(), other->slots.size()); ++i) {
+    const PlannedBuffer& a = slots[i];
+    const PlannedBuffer& o = other->slots[i];
+    if (a.dynamic || o.dynamic || a.size != o.size || a.stream != o.stream) break;
+    count += pin(i, i) ? 1 : 0;
+  }
+  return count;
+}
+
 std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes,
                                                               bool keep_live_outs) {
   // Derive the lifetimes, merge with a layout of the same structure, make
@@ -1328,6 +1408,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   auto job = std::make_unique<PlanJob>();
   job->options.budget_seconds = view_.config.plan_budget_seconds;
   job->pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
+  job->shared_pins = share_boundary(slots, index, horizon, phases, target, problem, job->pinned);
   job->problem = std::move(problem);
   job->slots = std::move(slots);
   job->index = std::move(index);
@@ -1364,8 +1445,9 @@ planner::Result plan_pinning(const planner::Problem& problem,
                              const std::vector<StepPlanJob::PinCandidate>& candidates,
                              const std::vector<std::size_t>& buffer_of, const planner::Options& options,
                              std::vector<std::uint64_t>& pinned) {
-  pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
-  planner::Result r = planner::plan(problem, options);
+  // `pinned` comes with the offsets shared with another layout of the key
+  // (share_boundary); the candidates are pinned around them.
+  planner::Result r = solve_pinned(problem, pinned, options);
   const std::int64_t period = problem.period;
   // Re-planning around the pins moves other buffers, which may then land on
   // a candidate that was not in the way before (seen on HF GPT-2: the new
@@ -1409,8 +1491,9 @@ void StepPlanner::run(PlanJob& job) {
   std::vector<std::size_t> recorded(n);
   for (std::size_t k = 0; k < n; ++k) recorded[k] = job.phases == 2 ? k + n : k;
   if (job.pin_all && !job.pin_candidates.empty()) {
-    job.pinned.assign(job.problem.buffers.size(), StepPlanJob::kNotPinned);
-    for (const StepPlanJob::PinCandidate& c : job.pin_candidates) job.pinned[recorded[c.k]] = c.at;
+    for (const StepPlanJob::PinCandidate& c : job.pin_candidates) {
+      if (job.pinned[recorded[c.k]] == StepPlanJob::kNotPinned) job.pinned[recorded[c.k]] = c.at;
+    }
     job.result = solve_pinned(job.problem, job.pinned, job.options);
   } else {
     job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);

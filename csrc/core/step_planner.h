@@ -140,6 +140,10 @@ class StepPlanner {
   bool in_step() const { return open_; }
   // A step is open and served by the dynamic pool (no plan, or it diverged).
   bool recording() const { return open_ && !replaying_; }
+  // A step is open that began replaying a layout and left it (a miss, a new
+  // structure such as a periodic eval inside the step): what its optimizer
+  // makes are temporaries (the state exists), not state to pack apart.
+  bool diverged() const { return open_ && !replaying_ && replayed_; }
   // Whether the calling thread runs planned steps (it opened one, or a
   // layout plans its allocations); false for other threads' work, e.g. a
   // data loader or server thread allocating while steps run elsewhere.
@@ -355,6 +359,20 @@ class StepPlanner {
   Layout* merge_with_layout(std::vector<PlannedBuffer>& slots, std::int64_t T,
                             std::size_t own_load, std::int64_t& horizon,
                             std::size_t& variant_load) const;
+  // Steps of one key switch between layouts (a periodic no_grad eval makes
+  // every fifth training step a structure of its own): each layout's replay
+  // finds the previous step's live-outs where *its* plan put them, and a
+  // step's first requests are placed before switch_layout knows its layout.
+  // So a plan of a key that has another layout (the most recently used one
+  // besides the one it replaces, same stream and phases) pins, phase by
+  // phase, its live-outs at the offsets of that layout's live-outs (matched
+  // in order and by size) and its common prefix (same sizes from position 0)
+  // at that layout's offsets, where such a pin meets no other pin and no
+  // obstacle. Writes them into `pinned` (per problem buffer); returns how
+  // many slots were pinned.
+  std::size_t share_boundary(const std::vector<PlannedBuffer>& slots, const std::vector<std::size_t>& index,
+                             std::int64_t horizon, int phases, const Layout* target,
+                             const planner::Problem& problem, std::vector<std::uint64_t>& pinned) const;
   static int make_problem(std::vector<PlannedBuffer>& slots, std::int64_t horizon,
                           planner::Problem& problem, std::vector<std::size_t>& index);
   // A live block of the open step that is a planned slot (a live-out).
@@ -551,6 +569,7 @@ struct StepPlanJob {
   std::vector<PinCandidate> pin_candidates;
   std::vector<std::uint64_t> pinned;  // per problem buffer: kNotPinned or its fixed offset
   bool pin_all = false;  // pin every candidate where it stands, not only those in the way
+  std::size_t shared_pins = 0;  // slots pinned at another layout's offsets (share_boundary)
   std::vector<std::uint64_t> threads;  // the layout's threads (sorted)
   double seconds = 0.0;  // time in run()
 };
