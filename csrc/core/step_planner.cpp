@@ -106,6 +106,10 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
       if (room_to_grow(*active_, i, rounded)) {
         if (Block* b = place_slot(s, requested, rounded, stream)) return b;
       }
+      // A layout frozen for sizes that change every step (kGiveUpMisses):
+      // this request alone goes to the dynamic pool (outside the territory,
+      // whose free blocks it does not see) and the replay goes on.
+      if (given_up(*active_)) return nullptr;
       // It does not fit where planned: stop replaying this step and let the
       // dynamic pool use the territory's free space for the rest of it. Not
       // after placing it over its neighbours' planned ranges: with every
@@ -584,6 +588,30 @@ void StepPlanner::begin_step(std::uint64_t key) {
     cur_->threads.reserve(prev_->entries.size());
   }
   active_ = most_recent_layout(&key_);
+  // A key with several layouts (a periodic eval step among training steps):
+  // begin on the layout that most often followed the previous step's. A
+  // step's first requests are placed before they tell the layouts apart
+  // (switch_layout; the eval step begins with the training step's forward),
+  // and on the most recently used layout the training step after an eval
+  // step placed them on the eval layout (HF Qwen2, eval every 5: 5-7
+  // conflicts in each such step).
+  if (prev_ && prev_->layout_id != 0 && active_) {
+    // Only a favourite (more often than the most recently used layout
+    // followed it).
+    std::uint64_t next = 0;
+    for (const auto& l : layouts_) {
+      if (l->id != prev_->layout_id) continue;
+      std::uint32_t most = 0, recent = 0;
+      for (const auto& [id, count] : l->next) {
+        if (count > most) next = id, most = count;
+        if (id == active_->id) recent = count;
+      }
+      if (most <= recent) next = 0;
+    }
+    for (const auto& l : layouts_) {
+      if (next != 0 && l->id == next && l->key == key_) active_ = l.get();
+    }
+  }
   replaying_ = active_ && activate_territory();
   // Alternating layouts replay their phases in turn, so that this step's
   // buffers go where the previous step's still-live ones are not; the step
@@ -615,19 +643,42 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     stats_.last_step_hits = cur_hits_;
     stats_.last_step_same_address = cur_same_;
     stats_.last_step_comparable = cur_comparable_;
+    stats_.same_address += cur_same_;
+    stats_.comparable += cur_comparable_;
   }
 
+  // A replayed step books its layout's misses: one whose replays keep
+  // missing is given up (kGiveUpMisses), and nothing of it is planned now.
+  // Only steps of its own structure count: shapes that never repeat leave
+  // it every step and have their own back-off (plan_new_shape).
+  const bool gave_up = cur_->phase >= 0 && active_ && !given_up(*active_) && same_structure(*active_) &&
+                       book_replay(*active_, missed_);
   // Which variant was this step? Exact size sequences identify variants.
   std::vector<std::size_t> sizes;
   sizes.reserve(cur_->entries.size());
   for (const TraceRecord& e : cur_->entries) sizes.push_back(e.size);
   Variant* known = find_variant(sizes);
   std::unique_ptr<PlanJob> job;
-  if (known) {
+  // Its structure given up: served by the dynamic pool, nothing planned.
+  bool structure_given_up = gave_up;
+  for (const auto& l : layouts_) {
+    structure_given_up = structure_given_up || (given_up(*l) && same_structure(*l));
+  }
+  if (structure_given_up) {
+    // nothing: no plan, no variant
+  } else if (known) {
     unreplayed_plans_ = 0;
     known->last_used = ++use_clock_;
     Layout* l = known->layout;
-    l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
+    cur_->layout_id = l->id;
+    // Conflicts right after a step of another layout of the key (an eval
+    // step and the training step after it) are the switch's: a re-plan of
+    // this layout does not remove them (the other layout's live-ins stand
+    // where share_boundary could not pin them), and counting them across
+    // this layout's steps, `every` steps apart, re-planned every other eval
+    // period to the end of the run. They neither count nor reset.
+    const bool switched = prev_ && prev_->layout_id != l->id;
+    if (!switched || !step_conflicts_) l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
     // Conflicts that persist (a new long-lived block in the way): re-plan.
     // So too once what the layout was planned around has died (it would
     // hold the territory above the step's needs for good).
@@ -650,6 +701,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     }
   } else if (Layout* l = covering_layout(); l && !missed_) {
     unreplayed_plans_ = 0;
+    cur_->layout_id = l->id;
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
   } else if (prev_ && !cur_->entries.empty() && !planning_ && plan_new_shape(sizes)) {
     job = plan_step(std::move(sizes));
@@ -665,6 +717,15 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     if (clean) --settle_steps_;
     if (++settle_releases_ >= kSettleReleases) settle_steps_ = 0;
     view_.release_cached();
+  }
+  if (prev_ && prev_->layout_id != 0 && cur_->layout_id != 0) {
+    for (const auto& l : layouts_) {
+      if (l->id != prev_->layout_id) continue;
+      auto it = std::find_if(l->next.begin(), l->next.end(),
+                             [this](const auto& e) { return e.first == cur_->layout_id; });
+      if (it != l->next.end()) ++it->second;
+      else if (l->next.size() < 8) l->next.emplace_back(cur_->layout_id, 1);
+    }
   }
   auto& slot = last_by_key_[key_];
   if (slot) {
@@ -693,6 +754,27 @@ std::uint64_t StepPlanner::twin_offset(std::uint64_t step, std::int64_t seq, std
     return kNoTwin;
   }
   return kNoTwin;
+}
+
+bool StepPlanner::book_replay(Layout& l, bool missed) {
+  l.recent_misses = ((l.recent_misses << 1) | (missed ? 1u : 0u)) & ((1u << kGiveUpWindow) - 1);
+  l.recent_replays = std::min(l.recent_replays + 1, kGiveUpWindow);
+  if (l.recent_replays < kGiveUpWindow) return false;
+  int count = 0;
+  for (std::uint32_t m = l.recent_misses; m; m &= m - 1) ++count;
+  if (count < kGiveUpMisses) return false;
+  const std::uint64_t until = step_ + (kGiveUpSteps << std::min(l.give_ups, 16));
+  ++l.give_ups;
+  // Every layout of its structure (variants that did not fit its slots got
+  // layouts of their own): a step must not leave the frozen one for one that
+  // still misses and re-plans.
+  for (const auto& o : layouts_) {
+    if (o->key == l.key && o->slots.size() == l.slots.size()) o->given_up_until = until;
+  }
+  ++stats_.give_ups;
+  l.recent_misses = 0;
+  l.recent_replays = 0;
+  return true;
 }
 
 bool StepPlanner::plan_new_shape(const std::vector<std::size_t>& sizes) {
@@ -1519,6 +1601,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   if (!layout) {
     fresh = std::make_unique<Layout>();
     layout = fresh.get();
+    layout->id = next_layout_id_++;
   }
   layout->slots = std::move(job->slots);
   layout->horizon = job->horizon;
@@ -1620,6 +1703,7 @@ PlanStats StepPlanner::stats() const {
   s.layouts = static_cast<std::int64_t>(layouts_.size());
   for (const auto& k : layouts_) {
     s.largest_load_bytes = std::max(s.largest_load_bytes, static_cast<std::int64_t>(k->total_load));
+    s.given_up += given_up(*k) ? 1 : 0;
   }
   const Layout* l = active_ ? active_ : most_recent_layout(nullptr);
   if (l) {
