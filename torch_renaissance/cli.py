@@ -67,6 +67,10 @@ def _print_report(rep: dict, out) -> None:
         over = rep.get("address_stability_over") or "last step"
         lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  ({over})")
         lines.append(f"  plans made             {rep['plans']}  (planner time {rep['plan_seconds']:.2f} s)")
+        if rep.get("give_ups"):
+            lines.append(f"  not re-planned         {_plural(rep['give_ups'], 'structure')} whose replays kept "
+                         f"outgrowing their slots (sizes that change every step, e.g. data-dependent MoE "
+                         f"routing): frozen, the outgrown requests served by the dynamic pool")
     if rep["steady_reason"] is None:
         lines.append(f"  steady peak reserved   {_mib(rep['steady_peak_reserved_bytes'])}  (/ steady peak "
                      f"allocated {_ratio(rep['steady_peak_reserved_over_peak_allocated'])}, / LOAD "

@@ -193,8 +193,9 @@ struct PlanStats {
   std::int64_t last_step_hits = 0;
   std::int64_t last_step_same_address = 0;  // same address as in the previous step
   std::int64_t last_step_comparable = 0;    // allocations that had a previous-step peer
-  // The same two over every step so far (run --report's address stability
-  // over its steady steps: the difference of two readings).
+  // The same two summed over the replayed steps whose reference step was
+  // replayed too (run --report's address stability over its steady steps:
+  // the difference of two readings).
   std::int64_t same_address = 0;
   std::int64_t comparable = 0;
   double plan_seconds = 0.0;        // time spent in the planner, total

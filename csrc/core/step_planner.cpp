@@ -621,6 +621,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
   if (replaying_) {
     ++stats_.planned_steps;
     cur_->phase = phase_;
+    cur_->replayed = true;
   }
 }
 
@@ -643,8 +644,18 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     stats_.last_step_hits = cur_hits_;
     stats_.last_step_same_address = cur_same_;
     stats_.last_step_comparable = cur_comparable_;
-    stats_.same_address += cur_same_;
-    stats_.comparable += cur_comparable_;
+    // Summed over replayed steps whose reference step replayed too (the
+    // step before, or the one before it in an alternating layout): a
+    // recorded step's addresses are the dynamic pool's, no plan's.
+    // And of the same layout (after an eval step, the training step's
+    // positions are not the eval step's).
+    cur_->replayed_id = cur_->replayed && active_ ? active_->id : 0;
+    const bool two = active_ && active_->phases == 2;
+    const std::uint64_t ref = !prev_ ? 0 : two ? prev_->prior_replayed_id : prev_->replayed_id;
+    if (cur_->replayed_id != 0 && ref == cur_->replayed_id) {
+      stats_.same_address += cur_same_;
+      stats_.comparable += cur_comparable_;
+    }
   }
 
   // A replayed step books its layout's misses: one whose replays keep
@@ -729,6 +740,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   }
   auto& slot = last_by_key_[key_];
   if (slot) {
+    cur_->prior_replayed_id = slot->replayed_id;
     cur_->prior_addresses.reserve(slot->entries.size());
     for (const TraceRecord& e : slot->entries) cur_->prior_addresses.push_back(e.address);
   }

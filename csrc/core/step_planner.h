@@ -228,6 +228,11 @@ class StepPlanner {
     // Addresses of the step of its key before it (an alternating layout's
     // step repeats the addresses of the last step of the same phase).
     std::vector<std::uintptr_t> prior_addresses;
+    std::uint64_t prior_replayed_id = 0;  // the layout that step replayed (its id; 0: none)
+    // It began replaying a layout (`phase` is also set on the step a plan
+    // was made from, so that the next step replays phase 0).
+    bool replayed = false;
+    std::uint64_t replayed_id = 0;  // the layout it replayed at its end (Layout::id; 0: none)
     std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
     std::uint64_t opener = 0;            // the thread that began the step
   };
