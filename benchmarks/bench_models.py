@@ -9,7 +9,7 @@ wall-time ratio of the whole processes (ours / PyTorch's, medians of the alterna
 and model building included) and peak RSS of both.
 
     python benchmarks/bench_models.py [--rows gpt2,llama,bert,t5,vit-bf16-2t,cnn,mlp,lstm,gru,gpt2-var,llama-var,bert-var,t5-var,
-                                                    gpt2-compile,generate,generate-keyed]
+                                                    gpt2-compile,llama-eval5,qwen2moe-eager,generate,generate-keyed]
                                       [--steps 30] [--repeats 1]
 
 Needs ``transformers`` (models are built from configs with random init; nothing is downloaded).
@@ -43,6 +43,9 @@ ROWS = {
     "bert-var": ["--arch", "bert", "--batch", "8", "--seq-range", "32", "256"],
     "t5-var": ["--arch", "t5", "--seq-range", "32", "256"],
     "gpt2-compile": ["--arch", "gpt2", "--compile"],
+    # Step structures that change (issue 16): a no_grad eval every 5 steps, eager MoE routing.
+    "llama-eval5": ["--arch", "llama", "--eval-every", "5"],
+    "qwen2moe-eager": ["--arch", "qwen2moe", "--experts", "eager"],
     "generate": ["--arch", "gpt2", "--generate", "16,64,128", "--new-tokens", "32", "--rounds", "4"],
     "generate-keyed": ["--arch", "gpt2", "--generate", "16,64,128", "--new-tokens", "32", "--rounds", "4",
                        "--keyed"],

@@ -64,8 +64,13 @@ def _print_report(rep: dict, out) -> None:
         lines.append(f"  LOAD (lower bound)     {_mib(rep['load_bytes'])}  (the step's live bytes and those "
                      f"live outside it; planned territory {_mib(rep['plan_bytes'])}, "
                      f"{_plural(rep['variants'], 'variant')}, {_plural(rep['layouts'], 'layout')})")
-        lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  (last step)")
+        over = rep.get("address_stability_over") or "last step"
+        lines.append(f"  address stability      {100 * rep['address_stability']:.1f}%  ({over})")
         lines.append(f"  plans made             {rep['plans']}  (planner time {rep['plan_seconds']:.2f} s)")
+        if rep.get("give_ups"):
+            lines.append(f"  not re-planned         {_plural(rep['give_ups'], 'structure')} whose replays kept "
+                         f"outgrowing their slots (sizes that change every step, e.g. data-dependent MoE "
+                         f"routing): frozen, the outgrown requests served by the dynamic pool")
     if rep["steady_reason"] is None:
         lines.append(f"  steady peak reserved   {_mib(rep['steady_peak_reserved_bytes'])}  (/ steady peak "
                      f"allocated {_ratio(rep['steady_peak_reserved_over_peak_allocated'])}, / LOAD "
@@ -78,16 +83,18 @@ def _print_report(rep: dict, out) -> None:
                  f"{_mib(rep['dynamic_cache_bytes'])} dynamic pool cache, "
                  f"{_mib(rep['persistent_free_bytes'])} persistent segment")
     if rep.get("above_load_bytes") is not None:
-        # The total is at the steady peak; its parts are what the arena can
-        # tell at other moments (named in above_load_parts_at), so with
-        # several variants they need not add up to it.
-        at = rep["above_load_parts_at"]
+        # Its parts add up to it: the growth inside steps above the highest
+        # steady boundary, then what that boundary's snapshot shows, then the
+        # rest, named (a tester found most bytes unexplained when the parts
+        # were taken at other moments).
+        p = rep["above_load_parts"]
         lines.append(f"  above LOAD             {_mib(rep['above_load_bytes'])} at the steady peak (steady peak "
-                     f"reserved - LOAD); parts, each from its own moment (they need not add up): "
-                     f"{_mib(rep['plan_over_bound_bytes'])} plan over its bound (obstacles, slots shared by "
-                     f"variants; {at['plan_over_bound_bytes']}), {_mib(rep['dynamic_cache_bytes'])} dynamic "
-                     f"pool cache and {_mib(rep['persistent_free_bytes'])} persistent segment free "
-                     f"({at['dynamic_cache_bytes']})")
+                     f"reserved - LOAD) = {_mib(p['within_step_bytes'])} reserved inside steps above the "
+                     f"highest steady boundary (requests the plan did not serve) + at that boundary "
+                     f"(step {p['boundary']}): {_mib(p['plan_over_bound_bytes'])} plan over its bound (obstacles, "
+                     f"slots shared by variants), {_mib(p['dynamic_cache_bytes'])} dynamic pool cache, "
+                     f"{_mib(p['persistent_free_bytes'])} persistent segment free + {_mib(p['rest_bytes'])} rest "
+                     f"(not attributed: territory beyond its plan, LOAD of another layout; may be negative)")
     print("\n".join(lines), file=out, flush=True)
 
 
@@ -130,6 +137,12 @@ class _Recorder:
         self.boundaries: List[float] = []
         self.replayed_at: Optional[float] = None
         self.where: dict = {}  # device -> (reserved, allocated, where_reserved()) at the last boundary
+        # device -> (same_address, comparable) when the steady state began:
+        # address stability over the steady steps is the difference at the end.
+        self.stable_from: dict = {}
+        # device -> the steady boundary of highest reserved: (reserved, boundary
+        # number, where_reserved(), plan over its bound) for above LOAD's parts.
+        self.highest: dict = {}
 
     def start(self) -> None:
         """Marks the program's start: times and samples count from here."""
@@ -156,13 +169,18 @@ class _Recorder:
             s = tr.memory_stats(d)
             if s["renaissance.planned_steps"] >= STEADY_AFTER:
                 self.earlier[d] = (s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"])
+                self.stable_from[d] = (s["renaissance.same_address"], s["renaissance.comparable"])
                 tr.reset_peak_memory_stats(d)
                 if self.replayed_at is None:
                     self.replayed_at = now
             if d in self.earlier:
                 s = tr.memory_stats(d)
-                self.where[d] = (s["reserved_bytes.all.current"], s["allocated_bytes.all.current"],
-                                 tr.stats.where_reserved(d))
+                where = tr.stats.where_reserved(d)
+                self.where[d] = (s["reserved_bytes.all.current"], s["allocated_bytes.all.current"], where)
+                if s["reserved_bytes.all.current"] > self.highest.get(d, (-1,))[0]:
+                    over = max(0, s["renaissance.plan_bytes"] - s["renaissance.step_load_bytes"]
+                               - s["renaissance.obstacle_bytes"])
+                    self.highest[d] = (s["reserved_bytes.all.current"], len(self.boundaries), where, over)
         self.sample()
 
     def sample(self) -> None:
@@ -637,16 +655,26 @@ def _finish_run(args: argparse.Namespace, rec: _Recorder, report_file, code: int
             st = tr.memory_stats(d)
             if rep["steady_peak_reserved_bytes"] is not None and rep["load_bytes"]:
                 rep["above_load_bytes"] = rep["steady_peak_reserved_bytes"] - rep["load_bytes"]
-                rep["plan_over_bound_bytes"] = max(0, st["renaissance.plan_bytes"] - st["renaissance.step_load_bytes"]
-                                                   - st["renaissance.obstacle_bytes"])
-                # When each part was taken (a tester added parts of different
-                # moments as if they were one breakdown of the total).
-                rep["above_load_parts_at"] = {
-                    "above_load_bytes": "steady peak",
-                    "plan_over_bound_bytes": "exit: the layout last used",
-                    "dynamic_cache_bytes": "last step boundary",
-                    "persistent_free_bytes": "last step boundary",
+                top, boundary, hw, over = rec.highest[d]
+                parts = {
+                    "within_step_bytes": rep["steady_peak_reserved_bytes"] - top,
+                    "plan_over_bound_bytes": over,
+                    "dynamic_cache_bytes": hw["dynamic_cache"],
+                    "persistent_free_bytes": hw["persistent_free"],
                 }
+                parts["rest_bytes"] = rep["above_load_bytes"] - sum(parts.values())
+                parts["boundary"] = boundary
+                rep["above_load_parts"] = parts
+                rep["plan_over_bound_bytes"] = over
+            if d in rec.stable_from and rep["address_stability"] is not None:
+                # Over the steady steps, not the last one only (a tester saw 100%
+                # on a run that re-planned to its end, 11% on a run like it).
+                same0, comparable0 = rec.stable_from[d]
+                n = st["renaissance.comparable"] - comparable0
+                rep["address_stability_last_step"] = rep["address_stability"]
+                if n > 0:
+                    rep["address_stability"] = (st["renaissance.same_address"] - same0) / n
+                    rep["address_stability_over"] = "steady steps"
         else:
             rep["reserved_where"] = "exit"
         reports.append(rep)

@@ -101,7 +101,10 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     (planned territory over the LOAD of the step's buffers plus the obstacles
     inside it; old name ``plan_over_load``), ``variants``, ``layouts``, ``address_stability``
     (fraction of the last step's allocations at the same address as in the
-    step before), ``pending_bytes.*``, ``events_recorded``, ``event_queries``.
+    step before; ``same_address`` / ``comparable``: the same two counts summed over
+    the replayed steps whose reference step replayed too), ``give_ups`` / ``given_up`` (structures whose replays kept missing,
+    frozen: how many times, how many now), ``pending_bytes.*``, ``events_recorded``,
+    ``event_queries``.
 
     Args:
         device: ``"cpu"``, ``"cuda[:N]"``, a ``torch.device`` or None (the
@@ -351,6 +354,8 @@ def report(device: Any = None, step_times: Optional[list] = None,
         "plan_misses": s["renaissance.planned_misses"],
         "plan_conflicts": s["renaissance.planned_conflicts"],
         "plans": s["renaissance.plans"],
+        "give_ups": s["renaissance.give_ups"],
+        "given_up": s["renaissance.given_up"],
         "plan_seconds": s["renaissance.plan_seconds"],
         "plan_hit_rate": s["renaissance.hit_rate"] if planned else None,
         "load_bytes": load if planned else None,

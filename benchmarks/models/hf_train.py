@@ -17,7 +17,7 @@ import json
 import torch
 from torch import nn
 
-ARCHS = ("gpt2", "llama", "bert", "t5", "vit", "cnn", "mlp", "lstm", "gru")
+ARCHS = ("gpt2", "llama", "bert", "t5", "vit", "cnn", "mlp", "lstm", "gru", "qwen2moe")
 
 
 class ResNetish(nn.Module):
@@ -92,6 +92,12 @@ def build(arch: str, size: str, vocab: int) -> nn.Module:
                                                 num_attention_heads=heads, num_key_value_heads=heads,
                                                 vocab_size=vocab, max_position_embeddings=256,
                                                 bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    if arch == "qwen2moe":  # 4 experts, 2 per token (an eager MoE: --experts eager)
+        return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
+            vocab_size=vocab, hidden_size=d, intermediate_size=2 * d, moe_intermediate_size=d,
+            shared_expert_intermediate_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
+            output_router_logits=True))
     if arch == "bert":
         return T.BertForMaskedLM(T.BertConfig(num_hidden_layers=layers, hidden_size=d, intermediate_size=4 * d,
                                               num_attention_heads=heads, vocab_size=vocab,
@@ -142,6 +148,10 @@ def train(argv: list = None) -> list:
                    help="--generate: each generate() is torch_renaissance.step(key=prompt length) "
                         "(imports torch_renaissance; a no-op step where it is not installed)")
     p.add_argument("--bf16", action="store_true", help="run forward under CPU bf16 autocast")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="a no_grad eval forward of a fresh batch after every N-th optimizer step (0: none)")
+    p.add_argument("--experts", choices=("eager", "grouped_mm"),
+                   help="MoE experts implementation (eager: per-expert token counts change every step)")
     p.add_argument("--losses", metavar="PATH", help="write the losses (or generated tokens) as JSON")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads (0: leave as is); 1 makes losses independent of machine load")
@@ -151,6 +161,8 @@ def train(argv: list = None) -> list:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = build(a.arch, a.size, a.vocab)
+    if a.experts:
+        model.set_experts_implementation(a.experts)
     gen = torch.Generator().manual_seed(1)
     results = []
     if a.generate:
@@ -203,6 +215,13 @@ def train(argv: list = None) -> list:
             opt.step()
             opt.zero_grad()
             results.append(loss.item())
+            if a.eval_every and len(results) % (a.eval_every + 1) == a.eval_every:
+                # A periodic eval inside the loop (its own step structure under run).
+                model.eval()
+                with torch.no_grad():
+                    ids = torch.randint(1, a.vocab, (a.batch, seq), generator=gen)
+                    results.append(step_fn(input_ids=ids, labels=ids).loss.item())
+                model.train()
         results = [float(x).hex() for x in results]
     if a.losses:
         with open(a.losses, "w") as f:

@@ -171,6 +171,12 @@ struct PlanStats {
   // request's own (concurrent threads' requests in another order than recorded).
   std::int64_t planned_reordered = 0;
   std::int64_t plans = 0;           // plans computed
+  // Structures whose replays kept leaving their layout (sizes that change
+  // every step: data-dependent MoE routing) and that are served by the
+  // dynamic pool instead: how many times that happened, and how many are
+  // so now (StepPlanner::kGiveUpMisses).
+  std::int64_t give_ups = 0;
+  std::int64_t given_up = 0;
   std::int64_t variants = 0;        // variants kept now
   std::int64_t layouts = 0;         // layouts (structures) kept now
   std::int64_t plan_bytes = 0;      // planned territory of the current layout
@@ -187,6 +193,11 @@ struct PlanStats {
   std::int64_t last_step_hits = 0;
   std::int64_t last_step_same_address = 0;  // same address as in the previous step
   std::int64_t last_step_comparable = 0;    // allocations that had a previous-step peer
+  // The same two summed over the replayed steps whose reference step was
+  // replayed too (run --report's address stability over its steady steps:
+  // the difference of two readings).
+  std::int64_t same_address = 0;
+  std::int64_t comparable = 0;
   double plan_seconds = 0.0;        // time spent in the planner, total
 };
 

@@ -106,6 +106,10 @@ Block* StepPlanner::place(std::size_t requested, std::size_t rounded, StreamId s
       if (room_to_grow(*active_, i, rounded)) {
         if (Block* b = place_slot(s, requested, rounded, stream)) return b;
       }
+      // A layout frozen for sizes that change every step (kGiveUpMisses):
+      // this request alone goes to the dynamic pool (outside the territory,
+      // whose free blocks it does not see) and the replay goes on.
+      if (given_up(*active_)) return nullptr;
       // It does not fit where planned: stop replaying this step and let the
       // dynamic pool use the territory's free space for the rest of it. Not
       // after placing it over its neighbours' planned ranges: with every
@@ -634,6 +638,30 @@ void StepPlanner::begin_step(std::uint64_t key) {
     cur_->threads.reserve(prev_->entries.size());
   }
   active_ = most_recent_layout(&key_);
+  // A key with several layouts (a periodic eval step among training steps):
+  // begin on the layout that most often followed the previous step's. A
+  // step's first requests are placed before they tell the layouts apart
+  // (switch_layout; the eval step begins with the training step's forward),
+  // and on the most recently used layout the training step after an eval
+  // step placed them on the eval layout (HF Qwen2, eval every 5: 5-7
+  // conflicts in each such step).
+  if (prev_ && prev_->layout_id != 0 && active_) {
+    // Only a favourite (more often than the most recently used layout
+    // followed it).
+    std::uint64_t next = 0;
+    for (const auto& l : layouts_) {
+      if (l->id != prev_->layout_id) continue;
+      std::uint32_t most = 0, recent = 0;
+      for (const auto& [id, count] : l->next) {
+        if (count > most) next = id, most = count;
+        if (id == active_->id) recent = count;
+      }
+      if (most <= recent) next = 0;
+    }
+    for (const auto& l : layouts_) {
+      if (next != 0 && l->id == next && l->key == key_) active_ = l.get();
+    }
+  }
   replaying_ = active_ && activate_territory();
   // Alternating layouts replay their phases in turn, so that this step's
   // buffers go where the previous step's still-live ones are not; the step
@@ -643,6 +671,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
   if (replaying_) {
     ++stats_.planned_steps;
     cur_->phase = phase_;
+    cur_->replayed = true;
   }
 }
 
@@ -665,19 +694,52 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     stats_.last_step_hits = cur_hits_;
     stats_.last_step_same_address = cur_same_;
     stats_.last_step_comparable = cur_comparable_;
+    // Summed over replayed steps whose reference step replayed too (the
+    // step before, or the one before it in an alternating layout): a
+    // recorded step's addresses are the dynamic pool's, no plan's.
+    // And of the same layout (after an eval step, the training step's
+    // positions are not the eval step's).
+    cur_->replayed_id = cur_->replayed && active_ ? active_->id : 0;
+    const bool two = active_ && active_->phases == 2;
+    const std::uint64_t ref = !prev_ ? 0 : two ? prev_->prior_replayed_id : prev_->replayed_id;
+    if (cur_->replayed_id != 0 && ref == cur_->replayed_id) {
+      stats_.same_address += cur_same_;
+      stats_.comparable += cur_comparable_;
+    }
   }
 
+  // A replayed step books its layout's misses: one whose replays keep
+  // missing is given up (kGiveUpMisses), and nothing of it is planned now.
+  // Only steps of its own structure count: shapes that never repeat leave
+  // it every step and have their own back-off (plan_new_shape).
+  const bool gave_up = cur_->phase >= 0 && active_ && !given_up(*active_) && same_structure(*active_) &&
+                       book_replay(*active_, missed_);
   // Which variant was this step? Exact size sequences identify variants.
   std::vector<std::size_t> sizes;
   sizes.reserve(cur_->entries.size());
   for (const TraceRecord& e : cur_->entries) sizes.push_back(e.size);
   Variant* known = find_variant(sizes);
   std::unique_ptr<PlanJob> job;
-  if (known) {
+  // Its structure given up: served by the dynamic pool, nothing planned.
+  bool structure_given_up = gave_up;
+  for (const auto& l : layouts_) {
+    structure_given_up = structure_given_up || (given_up(*l) && same_structure(*l));
+  }
+  if (structure_given_up) {
+    // nothing: no plan, no variant
+  } else if (known) {
     unreplayed_plans_ = 0;
     known->last_used = ++use_clock_;
     Layout* l = known->layout;
-    l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
+    cur_->layout_id = l->id;
+    // Conflicts right after a step of another layout of the key (an eval
+    // step and the training step after it) are the switch's: a re-plan of
+    // this layout does not remove them (the other layout's live-ins stand
+    // where share_boundary could not pin them), and counting them across
+    // this layout's steps, `every` steps apart, re-planned every other eval
+    // period to the end of the run. They neither count nor reset.
+    const bool switched = prev_ && prev_->layout_id != l->id;
+    if (!switched || !step_conflicts_) l->conflict_streak = step_conflicts_ ? l->conflict_streak + 1 : 0;
     // Conflicts that persist (a new long-lived block in the way): re-plan.
     // So too once what the layout was planned around has died (it would
     // hold the territory above the step's needs for good).
@@ -700,6 +762,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     }
   } else if (Layout* l = covering_layout(); l && !missed_) {
     unreplayed_plans_ = 0;
+    cur_->layout_id = l->id;
     remember_variant(l, std::move(sizes));  // new shapes, but they fit: no re-plan
   } else if (prev_ && !cur_->entries.empty() && !planning_ && plan_new_shape(sizes)) {
     job = plan_step(std::move(sizes));
@@ -716,8 +779,18 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
     if (++settle_releases_ >= kSettleReleases) settle_steps_ = 0;
     view_.release_cached();
   }
+  if (prev_ && prev_->layout_id != 0 && cur_->layout_id != 0) {
+    for (const auto& l : layouts_) {
+      if (l->id != prev_->layout_id) continue;
+      auto it = std::find_if(l->next.begin(), l->next.end(),
+                             [this](const auto& e) { return e.first == cur_->layout_id; });
+      if (it != l->next.end()) ++it->second;
+      else if (l->next.size() < 8) l->next.emplace_back(cur_->layout_id, 1);
+    }
+  }
   auto& slot = last_by_key_[key_];
   if (slot) {
+    cur_->prior_replayed_id = slot->replayed_id;
     cur_->prior_addresses.reserve(slot->entries.size());
     for (const TraceRecord& e : slot->entries) cur_->prior_addresses.push_back(e.address);
   }
@@ -743,6 +816,27 @@ std::uint64_t StepPlanner::twin_offset(std::uint64_t step, std::int64_t seq, std
     return kNoTwin;
   }
   return kNoTwin;
+}
+
+bool StepPlanner::book_replay(Layout& l, bool missed) {
+  l.recent_misses = ((l.recent_misses << 1) | (missed ? 1u : 0u)) & ((1u << kGiveUpWindow) - 1);
+  l.recent_replays = std::min(l.recent_replays + 1, kGiveUpWindow);
+  if (l.recent_replays < kGiveUpWindow) return false;
+  int count = 0;
+  for (std::uint32_t m = l.recent_misses; m; m &= m - 1) ++count;
+  if (count < kGiveUpMisses) return false;
+  const std::uint64_t until = step_ + (kGiveUpSteps << std::min(l.give_ups, 16));
+  ++l.give_ups;
+  // Every layout of its structure (variants that did not fit its slots got
+  // layouts of their own): a step must not leave the frozen one for one that
+  // still misses and re-plans.
+  for (const auto& o : layouts_) {
+    if (o->key == l.key && o->slots.size() == l.slots.size()) o->given_up_until = until;
+  }
+  ++stats_.give_ups;
+  l.recent_misses = 0;
+  l.recent_replays = 0;
+  return true;
 }
 
 bool StepPlanner::plan_new_shape(const std::vector<std::size_t>& sizes) {
@@ -1346,6 +1440,86 @@ int StepPlanner::make_problem(std::vector<PlannedBuffer>& slots, std::int64_t ho
   return phases;
 }
 
+std::size_t StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
+                                       const std::vector<std::size_t>& index, std::int64_t horizon,
+                                       int phases, const Layout* target, const planner::Problem& problem,
+                                       std::vector<std::uint64_t>& pinned) const {
+  // The other layout of this key that steps switch with: the most recently
+  // used one other than the one this plan replaces, on the same stream, of
+  // as many phases (a slot's two offsets are taken phase by phase).
+  const Layout* other = nullptr;
+  std::uint64_t best_use = 0;
+  for (const Variant& v : variants_) {
+    const Layout* l = v.layout;
+    if (l == target || l->key != key_ || (other && v.last_used <= best_use)) continue;
+    other = l;
+    best_use = v.last_used;
+  }
+  if (!other || other->stream != slots.front().stream || other->phases != phases) return 0;
+  const std::size_t n = index.size();
+  const std::int64_t period = problem.period;
+  std::vector<std::size_t> buffer_of(slots.size(), kNoPosition);  // slot -> problem buffer (phase 0)
+  for (std::size_t k = 0; k < n; ++k) buffer_of[index[k]] = k;
+  // Pins accepted so far, as (offset, size, lifetime pieces); a pin that
+  // would overlap one of them or an obstacle at any time is left out (the
+  // planner would take the two as one obstacle and the layout would not hold).
+  struct Held {
+    std::uint64_t at, size;
+    Pieces when;
+  };
+  std::vector<Held> held;
+  for (const planner::FixedBuffer& f : problem.fixed) {
+    held.push_back(Held{f.offset, f.size, pieces(f.lower, f.upper, period)});
+  }
+  auto pin = [&](std::size_t i, std::size_t j) {
+    // Slot i of this plan at slot j's offsets in `other`, phase by phase.
+    const std::size_t k = buffer_of[i];
+    if (k == kNoPosition || pinned[k] != StepPlanJob::kNotPinned) return false;
+    const std::size_t ks[2] = {k, phases == 2 ? k + n : k};
+    std::vector<Held> mine;
+    for (int ph = 0; ph < phases; ++ph) {
+      const planner::Buffer& b = problem.buffers[ks[ph]];
+      const Held h{other->slots[j].offset[ph], b.size, pieces(b.lower, b.upper, period)};
+      auto meets = [&h](const Held& o) {
+        return h.at < o.at + o.size && o.at < h.at + h.size && overlap_in_time(h.when, o.when);
+      };
+      if (std::any_of(held.begin(), held.end(), meets) || std::any_of(mine.begin(), mine.end(), meets)) {
+        return false;
+      }
+      mine.push_back(h);
+    }
+    for (int ph = 0; ph < phases; ++ph) pinned[ks[ph]] = mine[static_cast<std::size_t>(ph)].at;
+    held.insert(held.end(), mine.begin(), mine.end());
+    return true;
+  };
+  std::size_t count = 0;
+  // The live-outs, matched in order and by size with the other layout's: the
+  // next step (of either layout) finds them where both planned them.
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].dynamic || slots[i].upper <= horizon) continue;
+    std::size_t j = next;
+    while (j < other->slots.size() &&
+           (other->slots[j].dynamic || other->slots[j].upper <= other->horizon ||
+            other->slots[j].size != slots[i].size || other->slots[j].stream != slots[i].stream)) {
+      ++j;
+    }
+    if (j == other->slots.size()) break;
+    next = j + 1;
+    count += pin(i, j) ? 1 : 0;
+  }
+  // The common prefix: a step's first requests are placed before it is
+  // known which layout it follows (switch_layout), so they are placed at the
+  // same offsets in both.
+  for (std::size_t i = 0; i < std::min(slots.size(), other->slots.size()); ++i) {
+    const PlannedBuffer& a = slots[i];
+    const PlannedBuffer& o = other->slots[i];
+    if (a.dynamic || o.dynamic || a.size != o.size || a.stream != o.stream) break;
+    count += pin(i, i) ? 1 : 0;
+  }
+  return count;
+}
+
 std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes,
                                                               bool keep_live_outs) {
   // Derive the lifetimes, merge with a layout of the same structure, make
@@ -1380,6 +1554,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   auto job = std::make_unique<PlanJob>();
   job->options.budget_seconds = view_.config.plan_budget_seconds;
   job->pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
+  job->shared_pins = share_boundary(slots, index, horizon, phases, target, problem, job->pinned);
   job->problem = std::move(problem);
   job->slots = std::move(slots);
   job->index = std::move(index);
@@ -1416,8 +1591,9 @@ planner::Result plan_pinning(const planner::Problem& problem,
                              const std::vector<StepPlanJob::PinCandidate>& candidates,
                              const std::vector<std::size_t>& buffer_of, const planner::Options& options,
                              std::vector<std::uint64_t>& pinned) {
-  pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
-  planner::Result r = planner::plan(problem, options);
+  // `pinned` comes with the offsets shared with another layout of the key
+  // (share_boundary); the candidates are pinned around them.
+  planner::Result r = solve_pinned(problem, pinned, options);
   const std::int64_t period = problem.period;
   // Re-planning around the pins moves other buffers, which may then land on
   // a candidate that was not in the way before (seen on HF GPT-2: the new
@@ -1461,8 +1637,9 @@ void StepPlanner::run(PlanJob& job) {
   std::vector<std::size_t> recorded(n);
   for (std::size_t k = 0; k < n; ++k) recorded[k] = job.phases == 2 ? k + n : k;
   if (job.pin_all && !job.pin_candidates.empty()) {
-    job.pinned.assign(job.problem.buffers.size(), StepPlanJob::kNotPinned);
-    for (const StepPlanJob::PinCandidate& c : job.pin_candidates) job.pinned[recorded[c.k]] = c.at;
+    for (const StepPlanJob::PinCandidate& c : job.pin_candidates) {
+      if (job.pinned[recorded[c.k]] == StepPlanJob::kNotPinned) job.pinned[recorded[c.k]] = c.at;
+    }
     job.result = solve_pinned(job.problem, job.pinned, job.options);
   } else {
     job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned);
@@ -1488,6 +1665,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   if (!layout) {
     fresh = std::make_unique<Layout>();
     layout = fresh.get();
+    layout->id = next_layout_id_++;
   }
   layout->slots = std::move(job->slots);
   layout->horizon = job->horizon;
@@ -1589,6 +1767,7 @@ PlanStats StepPlanner::stats() const {
   s.layouts = static_cast<std::int64_t>(layouts_.size());
   for (const auto& k : layouts_) {
     s.largest_load_bytes = std::max(s.largest_load_bytes, static_cast<std::int64_t>(k->total_load));
+    s.given_up += given_up(*k) ? 1 : 0;
   }
   const Layout* l = active_ ? active_ : most_recent_layout(nullptr);
   if (l) {

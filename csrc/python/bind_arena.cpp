@@ -74,6 +74,8 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["planned_reordered"] = p.planned_reordered;
   r["planned_unserved"] = p.planned_unserved;
   r["plans"] = p.plans;
+  r["give_ups"] = p.give_ups;
+  r["given_up"] = p.given_up;
   r["variants"] = p.variants;
   r["layouts"] = p.layouts;
   r["plan_bytes"] = p.plan_bytes;
@@ -97,6 +99,8 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["last_step_hits"] = p.last_step_hits;
   r["last_step_same_address"] = p.last_step_same_address;
   r["last_step_comparable"] = p.last_step_comparable;
+  r["same_address"] = p.same_address;
+  r["comparable"] = p.comparable;
   d["renaissance"] = r;
   return d;
 }
