@@ -1562,7 +1562,6 @@ void StepPlanner::run(PlanJob& job) {
     if (b.size <= job.room) {
       job.result = std::move(aligned);
       job.bridge = std::move(b.offsets);
-      job.bridge_size = b.size;
     } else {
       bridge = false;
       job.result = plan_pinning(job.problem, job.pin_candidates, recorded, job.options, job.pinned,

@@ -587,7 +587,6 @@ struct StepPlanJob {
   // they die, so the plan (`result`, unpinned) replays from that step on.
   // Empty: no bridge (result is replayed at once).
   std::vector<std::uint64_t> bridge;
-  std::uint64_t bridge_size = 0;  // the bridge's top (bytes)
   // The target segment's size when the job was made plus the reserved
   // headroom below the reserved peak (StepArenaView): a bridge above it would
   // raise the peak reserved for its one step, so then the live-outs in the
