@@ -1388,7 +1388,26 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   // What recording left cached goes back now rather than at install (which
   // gives it back anyway), so that the room is what a bridge may map.
   view_.release_cached();
-  if (const Segment* seg = territory_.candidate(stream)) job->room = seg->size + view_.reserved_headroom();
+  // No room for a bridge where the layout holds variants whose sizes differ
+  // from this step's (slots at the max over them): the step after the
+  // bridge may be another variant, and the bridge's offsets, planned for
+  // this step's sizes, raised a variable-length loop's steady peak above
+  // its bound (tests/test_varlen.py, seed 3: 77.7 MiB for a 69.4 MiB live
+  // peak); those plans keep the pins.
+  // So too where the key has other variants kept (a variable length: a
+  // bridge planned for one length's sizes before a step of another).
+  bool merged = false;
+  for (std::size_t i = 0; !merged && i < job->slots.size() && i < job->sizes.size(); ++i) {
+    merged = !job->slots[i].dynamic && job->slots[i].size != job->sizes[i];
+  }
+  for (const Variant& v : variants_) merged = merged || (v.layout->key == key_ && v.sizes != job->sizes);
+  if (prev_ && !merged) {
+    // ... or the step before it had other sizes (the first plan of such a loop).
+    merged = prev_->entries.size() != cur.entries.size();
+    for (std::size_t i = 0; !merged && i < cur.entries.size(); ++i) merged = prev_->entries[i].size != cur.entries[i].size;
+  }
+  const Segment* seg = territory_.candidate(stream);
+  if (seg && !merged) job->room = seg->size + view_.reserved_headroom();
   job->threads = cur.threads;
   job->threads.push_back(cur.opener);
   std::sort(job->threads.begin(), job->threads.end());
