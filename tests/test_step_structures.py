@@ -137,8 +137,14 @@ def test_periodic_eval_settles(C, seed, same_forward):
         # Not all: the eval step begins on the training layout (it follows
         # training steps), and its forward's buffers that die at once cannot all
         # share the training forward's offsets (the kept batch lives longer in
-        # the eval step): a few conflicts in each eval step, never more.
-        assert max(at_evals) <= max(conflicts[:settled]), conflicts
+        # the eval step): a few conflicts in each eval step, never more: the
+        # later evals conflict no more than the first ones after settling
+        # (with the first replay's bridge the first window's steps can conflict
+        # less than an eval step does, so the bound is the evals' own), and
+        # fewer than the eval step has requests.
+        half = len(at_evals) // 2
+        assert max(at_evals[half:]) <= max(at_evals[:half]), conflicts
+        assert max(at_evals) < len(shape["eval"]) + 2, conflicts
     else:
         assert sum(at_evals) == 0, conflicts
     assert r["last_step_hits"] == r["last_step_allocations"], r

@@ -91,7 +91,11 @@ Arena::Arena(std::shared_ptr<Device> device, ArenaConfig config,
   }
   if (config_.planning) {
     steps_ = std::make_unique<StepPlanner>(
-        territory_, StepArenaView{config_, unit_, live_, capturing_, [this] { return release_cached_locked(); }});
+        territory_, StepArenaView{config_, unit_, live_, capturing_, [this] { return release_cached_locked(); },
+                                  [this] {
+                                    const Stat& r = stats_.reserved_bytes[0];
+                                    return static_cast<std::size_t>(std::max<std::int64_t>(0, r.peak - r.current));
+                                  }});
   }
   if (fronts_enabled_) {
     // Fronts hold small-pool blocks only (a request the dynamic pool serves

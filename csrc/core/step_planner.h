@@ -19,9 +19,15 @@
 //     phases in turn. Slots whose two offsets can be equal without growing
 //     the plan are made equal (address stability). The recorded step counts
 //     as phase 1 (its live-outs stand where the dynamic pool put them) and
-//     the first replay is phase 0; a live-out that is in the way of what
-//     phase 0 places before it dies is pinned where it stands in phase 1,
-//     so the first replay does not run into it;
+//     the first replay is phase 0. Where a recorded live-out is in the way
+//     of what phase 0 places before it dies, the first replay gets a
+//     *bridge*: its own offsets, planned around the recorded live-outs,
+//     with its live-outs where the plan's phase 0 expects its predecessors
+//     (and under the plan's top); the plan replays from the step after it
+//     (finish_bridge), without pins. Only when the bridge would map more
+//     than the reserved peak allows (StepPlanJob::room), or a live-out has
+//     no place under the plan's top, is such a live-out pinned where it
+//     stands in phase 1 (every later step then pays for it);
 //   * buffers used on another stream keep their range until the step ends;
 //   * live blocks of the target segment are obstacles the plan avoids; so
 //     are blocks of other steps (another key's) that died during the step,
@@ -103,6 +109,9 @@ struct StepArenaView {
   const LiveMap& live;   // live allocations by address
   const bool& capturing;  // a CUDA-graph capture is open (Arena::set_capturing)
   std::function<std::size_t()> release_cached;  // returns the bytes given back
+  // Bytes of reserved memory that can be mapped before the reserved peak
+  // (since the last reset) grows: peak - current of all pools.
+  std::function<std::size_t()> reserved_headroom;
 };
 
 // A live-out of the recorded step that may stand in the way of the first
@@ -288,6 +297,14 @@ class StepPlanner {
     std::uint64_t key = 0;     // the kind of step it plans
     int phases = 1;            // 2: alternating (a slot's lifetime spans two steps)
     std::size_t pinned = 0;    // bytes of live-outs pinned where the recorded step left them
+    // A bridge (see StepPlanJob::bridge): while `bridging`, `slots`' offsets
+    // (both phases) and `top` are the bridge's, for the first step that
+    // replays the layout; `next_offsets` (per slot: phase 0, phase 1) and
+    // `next_top` are the layout proper, which end_step installs after that
+    // step (finish_bridge).
+    bool bridging = false;
+    std::vector<std::size_t> next_offsets;
+    std::size_t next_top = 0;
     std::size_t bound = 0;     // the planner's lower bound for its problem (obstacles included)
     // Threads whose allocations it plans (sorted): those that allocated at
     // the same positions in the two steps it was planned from. Another
@@ -460,6 +477,17 @@ class StepPlanner {
   // re-plan it stays in the dynamic pool, beside the territory, for good.
   // O(entries), plus one derive_lifetimes when such a slot is live.
   bool kept_dynamic_but_cyclic(const Layout& l) const;
+  // After the first step that replayed a bridging layout: its bridge's live-
+  // outs stand where the layout proper's phase 0 expects its predecessors
+  // (phase 1's), so the layout proper takes over and the next step of its
+  // key replays phase 0. O(slots log slots) (the rooms).
+  void finish_bridge(Layout& l, StepTrace& replayed);
+  // The stream whose territory line stands above its layouts' top because a
+  // bridge's live-out stood across the layout proper's top when it took
+  // over (the line may not cut a live block); end_step lowers it once it
+  // can. kNoStream: none.
+  static constexpr StreamId kNoStream = ~StreamId(0);
+  StreamId lower_line_ = kNoStream;
   // Re-plans for that reason per layout (a guard: each one plans the slot).
   static constexpr int kRelearnMax = 2;
 
@@ -631,6 +659,19 @@ struct StepPlanJob {
   std::vector<std::uint64_t> pinned;  // per problem buffer: kNotPinned or its fixed offset
   bool pin_all = false;  // pin every candidate where it stands, not only those in the way
   std::size_t shared_pins = 0;  // slots pinned at another layout's offsets (share_boundary)
+  // When a candidate is in the way of the plan's first replay (and not
+  // pin_all): the offsets of the one step that replays first (per planned
+  // slot k < n_slots), planned in linear time over two steps: that step's
+  // buffers around the recorded live-outs until they die, and its own
+  // live-outs around the plan's phase-0 buffers of the step after it until
+  // they die, so the plan (`result`, unpinned) replays from that step on.
+  // Empty: no bridge (result is replayed at once).
+  std::vector<std::uint64_t> bridge;
+  // The target segment's size when the job was made plus the reserved
+  // headroom below the reserved peak (StepArenaView): a bridge above it would
+  // raise the peak reserved for its one step, so then the live-outs in the
+  // way are pinned instead.
+  std::uint64_t room = 0;
   std::vector<std::uint64_t> threads;  // the layout's threads (sorted)
   double seconds = 0.0;  // time in run()
 };
