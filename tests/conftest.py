@@ -50,6 +50,20 @@ def clean_env(extra: dict | None = None, drop: tuple = ()) -> dict:
     return env
 
 
+def run_report(script, report, conf: str = "plan_budget_ms:0", timeout: float = 300):
+    """Runs ``script`` under ``python -m torch_renaissance run --report REPORT``
+    with ``TORCH_RENAISSANCE_CONF=conf`` in a fresh process. Returns (the
+    finished process (``subprocess.CompletedProcess``: stdout, stderr with
+    the report's text), the report's JSON). Fails the test with the child's
+    stderr when it exits non-zero."""
+    import json
+    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(report), str(script)],
+                       capture_output=True, text=True, env=clean_env({"TORCH_RENAISSANCE_CONF": conf}),
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return r, json.loads(pathlib.Path(report).read_text())
+
+
 def run_json(code: str, *args: str, timeout: float = 600):
     """Runs ``code`` in a fresh process; returns the JSON of its last stdout line."""
     import json

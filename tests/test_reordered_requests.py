@@ -190,18 +190,31 @@ def _two_threads_step(arena, worker, sizes, worker_first: bool):
     return mine, theirs
 
 
-def test_two_threads_whose_requests_swap_stay_planned(C):
-    """Two threads (the opener and a worker that lives across steps, as
-    intra-op threads) whose two requests, 64 B and 20 KiB, come in either
-    order: every step stays planned, each request at its own planned
-    address."""
+def _two_threads_planned(C, worker_first):
+    """An arena (budget-0 plans) and a worker thread, after the two recorded
+    steps and the first replayed one of the 64 B / 20 KiB two-thread step in
+    one order. Returns (arena, worker, sizes, the replayed step's addresses);
+    the caller stops the worker."""
     arena = C.Arena(C.HostDevice(), plan_budget_ms=0)
     worker = _Worker(arena)
     sizes = (64, 20 * KiB)
     try:
         for _ in range(2):
-            _two_threads_step(arena, worker, sizes, worker_first=False)
-        planned = _two_threads_step(arena, worker, sizes, worker_first=False)
+            _two_threads_step(arena, worker, sizes, worker_first=worker_first)
+        planned = _two_threads_step(arena, worker, sizes, worker_first=worker_first)
+    except BaseException:
+        worker.stop()
+        raise
+    return arena, worker, sizes, planned
+
+
+def test_two_threads_whose_requests_swap_stay_planned(C):
+    """Two threads (the opener and a worker that lives across steps, as
+    intra-op threads) whose two requests, 64 B and 20 KiB, come in either
+    order: every step stays planned, each request at its own planned
+    address."""
+    arena, worker, sizes, planned = _two_threads_planned(C, worker_first=False)
+    try:
         rng = random.Random(5)
         for step in range(12):
             before = arena.stats()["renaissance"]
@@ -223,13 +236,8 @@ def test_the_openers_request_before_a_workers_position_is_not_served_there(C):
     it is matched to the opener's own next position, not served at the
     worker's position by the fast path (whose thread check is made when it is
     armed, from the step before's threads)."""
-    arena = C.Arena(C.HostDevice(), plan_budget_ms=0)
-    worker = _Worker(arena)
-    sizes = (64, 20 * KiB)
+    arena, worker, sizes, planned = _two_threads_planned(C, worker_first=True)
     try:
-        for _ in range(2):
-            _two_threads_step(arena, worker, sizes, worker_first=True)
-        planned = _two_threads_step(arena, worker, sizes, worker_first=True)
         for step in range(6):
             before = arena.stats()["renaissance"]
             worker_first = step % 2 == 1

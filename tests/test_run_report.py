@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import clean_env
+from conftest import clean_env, run_report
 
 MIXED = """
 import torch, torch_renaissance as tr
@@ -223,12 +223,8 @@ def test_run_report_counts_the_plans_made(tmp_path):
         "    opt.step()\n"
         "    opt.zero_grad()\n"
         "print(tr.memory_stats()['renaissance.plans'])\n")
-    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(tmp_path / "r.json"),
-                        str(tmp_path / "loop.py")], capture_output=True, text=True,
-                       env=clean_env({"TORCH_RENAISSANCE_CONF": "plan_budget_ms:0"}), timeout=300)
-    assert r.returncode == 0, r.stderr
+    r, rep = run_report(tmp_path / "loop.py", tmp_path / "r.json")
     seen = int(r.stdout.strip())
-    rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["plans"] == seen == 1, (rep["plans"], seen)
     assert rep["plan_seconds"] >= 0
     assert f"plans made             {seen}  (planner time" in r.stderr, r.stderr

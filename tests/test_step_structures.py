@@ -257,19 +257,11 @@ def test_run_report_on_a_training_loop_with_a_periodic_eval(tmp_path):
     about it. Before: the plans went on (5 in 30 steps here; 13 in 40 for a tester's
     Qwen2), address stability was the last step's (100% beside 281 conflicts), and
     "above LOAD" named parts from other moments that left most of it unexplained."""
-    import json
-    import subprocess
-    import sys
-
-    from conftest import clean_env
+    from conftest import run_report
 
     (tmp_path / "loop.py").write_text(EVAL_LOOP)
-    r = subprocess.run([sys.executable, "-m", "torch_renaissance", "run", "--report", str(tmp_path / "r.json"),
-                        str(tmp_path / "loop.py")], capture_output=True, text=True,
-                       env=clean_env({"TORCH_RENAISSANCE_CONF": "plan_budget_ms:0"}), timeout=300)
-    assert r.returncode == 0, r.stderr
+    r, rep = run_report(tmp_path / "loop.py", tmp_path / "r.json")
     top = int(r.stdout.strip())
-    rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["plans"] == 2 and rep["layouts"] == 2, rep
     # Over the steady steps (replayed ones compared with a replayed step of their
     # layout), not the last step only.
