@@ -69,4 +69,15 @@ std::vector<std::array<std::uint64_t, 2>> room_above(const std::vector<Slot>& sl
   return room;
 }
 
+// Stores room_above(slots, phases, top) into each slot's `room[2]` (bytes):
+// done whenever a layout's offsets or top change (install, a bridge's end).
+template <class Slot>
+void set_room_above(std::vector<Slot>& slots, int phases, std::uint64_t top) {
+  const auto room = room_above(slots, phases, top);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    slots[i].room[0] = room[i][0];
+    slots[i].room[1] = room[i][1];
+  }
+}
+
 }  // namespace renaissance

@@ -986,11 +986,7 @@ void StepPlanner::finish_bridge(Layout& l, StepTrace& replayed) {
     l.slots[i].offset[1] = l.next_offsets[2 * i + 1];
   }
   l.top = l.next_top;
-  const auto room = room_above(l.slots, l.phases, l.top);
-  for (std::size_t i = 0; i < l.slots.size(); ++i) {
-    l.slots[i].room[0] = room[i][0];
-    l.slots[i].room[1] = room[i][1];
-  }
+  set_room_above(l.slots, l.phases, l.top);
   l.bridging = false;
   l.next_offsets.clear();
   l.next_top = 0;
@@ -1884,11 +1880,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     }
     layout->top = round_up(layout->top, view_.unit);
   }
-  const auto room = room_above(layout->slots, layout->phases, layout->top);
-  for (std::size_t i = 0; i < layout->slots.size(); ++i) {
-    layout->slots[i].room[0] = room[i][0];
-    layout->slots[i].room[1] = room[i][1];
-  }
+  set_room_above(layout->slots, layout->phases, layout->top);
   layout->load = job->variant_load;
   layout->layout_load = job->step_load;
   layout->bound = r.lower_bound;
