@@ -1477,7 +1477,7 @@ int StepPlanner::make_problem(std::vector<PlannedBuffer>& slots, std::int64_t ho
   return phases;
 }
 
-std::size_t StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
+void StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
                                        const std::vector<std::size_t>& index, std::int64_t horizon,
                                        int phases, const Layout* target, const planner::Problem& problem,
                                        std::vector<std::uint64_t>& pinned) const {
@@ -1492,7 +1492,7 @@ std::size_t StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
     other = l;
     best_use = v.last_used;
   }
-  if (!other || other->stream != slots.front().stream || other->phases != phases) return 0;
+  if (!other || other->stream != slots.front().stream || other->phases != phases) return;
   const std::size_t n = index.size();
   const std::int64_t period = problem.period;
   std::vector<std::size_t> buffer_of(slots.size(), kNoPosition);  // slot -> problem buffer (phase 0)
@@ -1529,7 +1529,6 @@ std::size_t StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
     held.insert(held.end(), mine.begin(), mine.end());
     return true;
   };
-  std::size_t count = 0;
   // The live-outs, matched in order and by size with the other layout's: the
   // next step (of either layout) finds them where both planned them.
   std::size_t next = 0;
@@ -1543,7 +1542,7 @@ std::size_t StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
     }
     if (j == other->slots.size()) break;
     next = j + 1;
-    count += pin(i, j) ? 1 : 0;
+    pin(i, j);
   }
   // The common prefix: a step's first requests are placed before it is
   // known which layout it follows (switch_layout), so they are placed at the
@@ -1552,9 +1551,8 @@ std::size_t StepPlanner::share_boundary(const std::vector<PlannedBuffer>& slots,
     const PlannedBuffer& a = slots[i];
     const PlannedBuffer& o = other->slots[i];
     if (a.dynamic || o.dynamic || a.size != o.size || a.stream != o.stream) break;
-    count += pin(i, i) ? 1 : 0;
+    pin(i, i);
   }
-  return count;
 }
 
 std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::size_t> sizes,
@@ -1591,7 +1589,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   auto job = std::make_unique<PlanJob>();
   job->options.budget_seconds = view_.config.plan_budget_seconds;
   job->pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
-  job->shared_pins = share_boundary(slots, index, horizon, phases, target, problem, job->pinned);
+  share_boundary(slots, index, horizon, phases, target, problem, job->pinned);
   job->problem = std::move(problem);
   job->slots = std::move(slots);
   job->index = std::move(index);

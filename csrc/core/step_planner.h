@@ -411,9 +411,8 @@ class StepPlanner {
   // phase, its live-outs at the offsets of that layout's live-outs (matched
   // in order and by size) and its common prefix (same sizes from position 0)
   // at that layout's offsets, where such a pin meets no other pin and no
-  // obstacle. Writes them into `pinned` (per problem buffer); returns how
-  // many slots were pinned.
-  std::size_t share_boundary(const std::vector<PlannedBuffer>& slots, const std::vector<std::size_t>& index,
+  // obstacle. Writes them into `pinned` (per problem buffer).
+  void share_boundary(const std::vector<PlannedBuffer>& slots, const std::vector<std::size_t>& index,
                              std::int64_t horizon, int phases, const Layout* target,
                              const planner::Problem& problem, std::vector<std::uint64_t>& pinned) const;
   static int make_problem(std::vector<PlannedBuffer>& slots, std::int64_t horizon,
@@ -658,7 +657,6 @@ struct StepPlanJob {
   std::vector<PinCandidate> pin_candidates;
   std::vector<std::uint64_t> pinned;  // per problem buffer: kNotPinned or its fixed offset
   bool pin_all = false;  // pin every candidate where it stands, not only those in the way
-  std::size_t shared_pins = 0;  // slots pinned at another layout's offsets (share_boundary)
   // When a candidate is in the way of the plan's first replay (and not
   // pin_all): the offsets of the one step that replays first (per planned
   // slot k < n_slots), planned in linear time over two steps: that step's
