@@ -12,7 +12,7 @@ DEPS   := setuptools wheel pybind11 ninja rich pytest pytest-benchmark numpy mat
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.c' -o -name '*.h') setup.py pyproject.toml
 export MAX_JOBS ?= 2
 
-.PHONY: venv build demo test test-cpp test-debug bench bench-lock bench-replay check-cuda clean
+.PHONY: venv build demo test test-cpp test-debug bench bench-lock bench-replay bench-pairs check-cuda clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,15 @@ build/replay_loop: benchmarks/cpp/replay_loop.cpp $(wildcard csrc/core/*.cpp csr
 
 bench-replay: build/replay_loop
 	build/replay_loop
+
+# The dynamic hot path's cost per pair in a C++ loop (for callgrind / perf):
+# benchmarks/cpp/pair_loop.cpp.
+build/pair_loop: benchmarks/cpp/pair_loop.cpp $(wildcard csrc/core/*.cpp csrc/core/*.h)
+	@mkdir -p build
+	$(CXX) -O2 -g -std=c++17 -Wall -Wextra -Werror -pthread -Icsrc $< $(CORE_HOST_SOURCES) -o $@
+
+bench-pairs: build/pair_loop
+	build/pair_loop
 
 build/config_test: tests/cpp/config_test.cpp csrc/core/config.cpp csrc/core/config.h
 	@mkdir -p build
@@ -137,7 +146,7 @@ DEBUG_TREE := build/debug3/src
 DEBUG_TESTS := tests/test_core.py tests/test_planned.py tests/test_contract.py \
 	tests/test_arena_fuzz.py tests/test_territory.py tests/test_streams_sim.py \
 	tests/test_replay_deviation.py tests/test_replay_fast_path.py tests/test_replay_fast_livein.py \
-	tests/test_replay_lazy_trace.py
+	tests/test_replay_lazy_trace.py tests/test_front_model.py
 DEBUG_SKIP := not variable_lengths_reserved_stops_growing and not gpt_30_steps and \
 	not alternating_batch_sizes and not fuzz_200k_ops_four_streams and \
 	not other_threads_allocate_while_a_step_is_planned

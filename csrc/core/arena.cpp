@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <sstream>
@@ -205,15 +206,23 @@ void* Arena::allocate(std::size_t size, StreamId stream) {
 
 TR_NO_INLINE void* Arena::allocate_unplanned(std::size_t size, StreamId stream) {
   if (size - 1 < front_max_) {  // 0 < size <= front_max_
+    if (Front* f = front_tls::find_last(serial_)) {
+      if (void* p = front_allocate_direct(*f, size, stream)) {
+        if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+        return p;
+      }
+    }
+  }
+  return allocate_front_or_locked(size, stream);
+}
+
+TR_NO_INLINE void* Arena::allocate_front_or_locked(std::size_t size, StreamId stream) {
+  if (size - 1 < front_max_) {
     if (void* p = front_allocate(size, stream)) {
       if constexpr (debug::kLevel >= 3) debug_check_fast_path();
       return p;
     }
   }
-  return allocate_locked_path(size, stream);
-}
-
-TR_NO_INLINE void* Arena::allocate_locked_path(std::size_t size, StreamId stream) {
   return allocate(size, stream, OomHooks{});
 }
 
@@ -339,6 +348,18 @@ void Arena::deallocate(void* ptr) {
 }
 
 TR_NO_INLINE void Arena::deallocate_unplanned(void* ptr) {
+  if (front_max_) {
+    if (Front* f = front_tls::find_last(serial_)) {
+      if (front_deallocate_direct(*f, ptr)) {
+        if constexpr (debug::kLevel >= 3) debug_check_fast_path();
+        return;
+      }
+    }
+  }
+  deallocate_front_or_locked(ptr);
+}
+
+TR_NO_INLINE void Arena::deallocate_front_or_locked(void* ptr) {
   if (front_max_ && front_deallocate(ptr)) {
     if constexpr (debug::kLevel >= 3) debug_check_fast_path();
     return;
@@ -1430,6 +1451,65 @@ Arena::CacheInfo Arena::cache_info() const {
 // per-thread front (arena.h: "Per-thread front"; free_cache.h)
 // ---------------------------------------------------------------------------
 
+// The fast paths proper (inline, and leaves: no call on them, so no
+// callee-saved register is pushed): the thread's last front, a key of the
+// direct map, the top block of its bin booked for the caller's size, a bin
+// with room. Anything else returns nullptr / false having changed nothing,
+// and the caller's out-of-line rest (front_allocate / front_deallocate,
+// then the locked path) does the general case.
+TR_HOT_INLINE void* Arena::front_allocate_direct(Front& f, std::size_t size,
+                                                 StreamId stream) noexcept {
+  const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
+  FastSection g(f.lock);
+  if (!g.entered() || !fronts_open_.load(std::memory_order_relaxed)) return nullptr;
+  const std::uint8_t* d = f.direct_entry(rounded, stream);
+  if (!d || *d == 0) return nullptr;
+  Front::Bin& bin = f.bins[*d - 1];
+  if (bin.count == 0) return nullptr;
+  // Last in, first out: the top block, when its booked size is the caller's
+  // (the common case: the same request again).
+  Block* b = bin.blocks[bin.count - 1];
+  if (b->requested != size) return nullptr;
+  --bin.count;
+  front_hand_out(f, b, size);
+  return b->ptr;
+}
+
+TR_HOT_INLINE bool Arena::front_deallocate_direct(Front& f, void* ptr) noexcept {
+  FastSection g(f.lock);
+  if (!g.entered() || !fronts_open_.load(std::memory_order_relaxed)) return false;
+  Block* b = f.held.find(ptr);
+  // Not held here, or freed already: the slow path finds out which.
+  if (!b || !b->front_live) return false;
+  if (f.cached_bytes + b->size > Front::kMaxBytes) return false;
+  const std::uint8_t* d = f.direct_entry(b->size, b->stream);
+  if (!d || *d == 0) return false;
+  Front::Bin& bin = f.bins[*d - 1];
+  if (bin.count >= Front::kDepth) return false;
+  front_push(f, bin, b);
+  return true;
+}
+
+TR_HOT_INLINE void Arena::front_hand_out(Front& f, Block* b, std::size_t size) noexcept {
+  --f.cached_blocks;
+  f.cached_bytes -= b->size;
+  b->front_live = true;
+  b->front_req = size;
+  ++f.acc.allocs;
+  f.acc.alloc_bytes += static_cast<std::int64_t>(b->size);
+  f.acc.req_alloc += static_cast<std::int64_t>(size);
+}
+
+TR_HOT_INLINE void Arena::front_push(Front& f, Front::Bin& bin, Block* b) noexcept {
+  bin.blocks[bin.count++] = b;
+  ++f.cached_blocks;
+  f.cached_bytes += b->size;
+  b->front_live = false;
+  ++f.acc.frees;
+  f.acc.free_bytes += static_cast<std::int64_t>(b->size);
+  f.acc.req_free += static_cast<std::int64_t>(b->front_req);
+}
+
 void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
   Front* f = front_tls::find(serial_);
   if (!f) return nullptr;
@@ -1438,10 +1518,7 @@ void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
   if (!g.entered() || !f->cached_blocks || !fronts_open_.load(std::memory_order_relaxed)) {
     return nullptr;
   }
-  Front::Bin* bin = bins::take_bin(f->bins, Front::bin_home(rounded, stream), Front::kProbes,
-                                   [&](const Front::Bin& x) {
-                                     return x.size == rounded && x.stream == stream;
-                                   });
+  Front::Bin* bin = f->take_bin(rounded, stream);
   if (!bin) return nullptr;
   for (std::size_t k = bin->count; k-- > 0;) {  // last in, first out
     Block* b = bin->blocks[k];
@@ -1454,13 +1531,7 @@ void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
       f->dirty[f->dirty_count++] = b;
     }
     bin->blocks[k] = bin->blocks[--bin->count];
-    --f->cached_blocks;
-    f->cached_bytes -= b->size;
-    b->front_live = true;
-    b->front_req = size;
-    ++f->acc.allocs;
-    f->acc.alloc_bytes += static_cast<std::int64_t>(b->size);
-    f->acc.req_alloc += static_cast<std::int64_t>(size);
+    front_hand_out(*f, b, size);
     return b->ptr;
   }
   return nullptr;
@@ -1479,23 +1550,9 @@ bool Arena::front_deallocate(void* ptr) noexcept {
 
 bool Arena::front_cache(Front& f, Block* b) noexcept {
   if (f.cached_bytes + b->size > Front::kMaxBytes) return false;
-  const std::uint64_t stream = b->stream;
-  const std::size_t size = b->size;
-  Front::Bin* target = bins::put_bin<Front::kDepth>(
-      f.bins, Front::bin_home(size, stream), Front::kProbes,
-      [&](const Front::Bin& x) { return x.size == size && x.stream == stream; },
-      [&](Front::Bin& x) {
-        x.size = size;
-        x.stream = stream;
-      });
+  Front::Bin* target = f.put_bin(b->size, b->stream);
   if (!target) return false;
-  target->blocks[target->count++] = b;
-  ++f.cached_blocks;
-  f.cached_bytes += b->size;
-  b->front_live = false;
-  ++f.acc.frees;
-  f.acc.free_bytes += static_cast<std::int64_t>(b->size);
-  f.acc.req_free += static_cast<std::int64_t>(b->front_req);
+  front_push(f, *target, b);
   return true;
 }
 
@@ -1504,6 +1561,7 @@ Front* Arena::my_front_locked() {
   if (!fronts_enabled_) return nullptr;
   auto f = std::make_shared<Front>();
   f->lock.set_owner(std::this_thread::get_id());
+  f->unit_shift = static_cast<unsigned>(__builtin_ctzll(unit_));
   f->arena_serial = serial_;
   f->registry = registry_;
   fronts_.push_back(f);
@@ -2109,6 +2167,28 @@ void Arena::check_front_locked(const Front& f, InvariantTally& t) const {
     }
   }
   if (n != f.cached_blocks || bytes != f.cached_bytes) invariant_failed("front cache totals are wrong");
+  // The direct map names exactly the bins of the keys it covers: each bin
+  // of such a key is named, and nothing else is.
+  std::size_t named = 0;
+  for (std::size_t i = 0; i < Front::kBins; ++i) {
+    const Front::Bin& bin = f.bins[i];
+    const std::size_t c = bin.size >> f.unit_shift;
+    if (bin.size == 0 || bin.stream != 0 || c >= Front::kDirect) continue;
+    if (f.direct[c] != i + 1) invariant_failed("a front's direct map does not name a bin of its key");
+    ++named;
+  }
+  // (By words: under TR_DEBUG=3 this runs after every operation.)
+  for (std::size_t c = 0; c < Front::kDirect;) {
+    std::uint64_t w = 0;
+    if (c + sizeof w <= Front::kDirect) std::memcpy(&w, &f.direct[c], sizeof w);
+    if (c + sizeof w <= Front::kDirect && w == 0) {
+      c += sizeof w;
+      continue;
+    }
+    const std::size_t e = std::min(c + sizeof w, Front::kDirect);
+    for (; c < e; ++c) named -= f.direct[c] != 0;
+  }
+  if (named != 0) invariant_failed("a front's direct map names a bin that does not have its key");
   for (auto [ptr, b] : f.held) {
     ++t.held_total;
     const Segment* seg = b->segment;

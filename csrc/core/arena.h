@@ -397,12 +397,13 @@ class Arena : private TerritoryHost {
   inline void* replay_try_allocate(std::size_t size, StreamId stream) noexcept;
   inline bool replay_deallocate(void* ptr) noexcept;
   // allocate(size, stream) and deallocate(ptr) after planned replay's
-  // attempt (the fronts', then the locked path), and the locked path alone:
-  // each out of line, so that neither fast path pays for the registers the
-  // locked path saves.
+  // attempt (the fronts' direct fast path), then the fronts' general path
+  // and the locked path, then the locked path alone: each out of line, so
+  // that no fast path pays for the registers a slower one saves.
   void* allocate_unplanned(std::size_t size, StreamId stream);
-  void* allocate_locked_path(std::size_t size, StreamId stream);
+  void* allocate_front_or_locked(std::size_t size, StreamId stream);
   void deallocate_unplanned(void* ptr);
+  void deallocate_front_or_locked(void* ptr);
   void deallocate_locked_path(void* ptr);
   // With mu_ held: takes the replay lock when armed and flushes (the fast
   // path's live allocations become territory blocks); leave disarms unless
@@ -520,8 +521,18 @@ class Arena : private TerritoryHost {
 
   // --- per-thread front (free_cache.h; see the top of this file) ---------
   // The fast paths: no arena lock. nullptr / false: take the slow path.
+  // The general ones (any key, any block of the bin that may serve):
   void* front_allocate(std::size_t size, StreamId stream) noexcept;
   bool front_deallocate(void* ptr) noexcept;
+  // Their common case, inline into allocate_unplanned / deallocate_unplanned
+  // with the thread's last front (arena.cpp); nullptr / false: nothing
+  // changed, take the general ones.
+  inline void* front_allocate_direct(Front& f, std::size_t size, StreamId stream) noexcept;
+  inline bool front_deallocate_direct(Front& f, void* ptr) noexcept;
+  // The changes of a block handed out of / put into a bin (f's fast section
+  // or lock held).
+  static inline void front_hand_out(Front& f, Block* b, std::size_t size) noexcept;
+  static inline void front_push(Front& f, Front::Bin& bin, Block* b) noexcept;
   // The calling thread's front, made on first use; nullptr when fronts are
   // off or the thread is exiting.
   Front* my_front_locked();

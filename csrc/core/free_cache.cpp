@@ -51,6 +51,24 @@ void unlock_fronts(const std::vector<std::shared_ptr<Front>>& fronts) noexcept {
   for (auto it = fronts.rbegin(); it != fronts.rend(); ++it) (*it)->lock.unlock();
 }
 
+Front::Bin* Front::put_bin_hashed(std::size_t rounded, std::uint64_t stream) noexcept {
+  return bins::put_bin<kDepth>(
+      bins, bin_home(rounded, stream), kProbes,
+      [&](const Bin& x) { return x.size == rounded && x.stream == stream; },
+      [&](Bin& x) { set_key(x, rounded, stream); });
+}
+
+void Front::set_key(Bin& bin, std::size_t rounded, std::uint64_t stream) noexcept {
+  // An empty bin that had another key (or none: size 0) takes this one; the
+  // direct map follows both.
+  if (std::uint8_t* d = direct_entry(bin.size, bin.stream); d && bin.size != 0) *d = 0;
+  bin.size = rounded;
+  bin.stream = stream;
+  if (std::uint8_t* d = direct_entry(rounded, stream)) {
+    *d = static_cast<std::uint8_t>(&bin - bins + 1);
+  }
+}
+
 namespace front_tls {
 
 #if defined(__GNUC__) && defined(__linux__)

@@ -16,6 +16,9 @@
 //     this front, it lies in the small pool of its stream outside planned
 //     territory, with no stream use. It is either live (handed out, its
 //     caller's size in `front_req`) or cached (in exactly one bin).
+//   * A bin's key changes only when it is empty (Front::set_key), and the
+//     direct map names, for each key it covers, the one bin with that key
+//     (or none): a direct lookup and the probe window find the same bin.
 //   * `acc` is what the front's own allocations and frees changed since the
 //     last fold, so the true value of every stat is the arena's books plus
 //     the folds of all fronts; the books are never below it.
@@ -206,11 +209,57 @@ struct Front {
   std::size_t cached_blocks = 0, cached_bytes = 0;
   Counters acc;
 
+  // The direct map (mimalloc's pages_direct): for the default stream's
+  // sizes of fewer than kDirect units (rounded >> unit_shift, the arena's
+  // rounding unit), the index + 1 of the bin of that key, 0 where no bin has
+  // it. So the fast paths find such a key's bin with one byte load instead of
+  // a hash and a probe. Kept equal to the bins' keys by set_key, the only
+  // place a bin's key changes (Arena::check_front_locked checks it). It
+  // covers every size a front serves (<= 1 MiB) for units of 64 B and more
+  // (16 KiB a front); other keys take the probe window.
+  static constexpr std::size_t kDirect = (std::size_t(1) << 20) / 64 + 1;
+  static_assert(kBins < 255, "a direct entry is a bin index + 1 in a byte");
+  std::uint8_t direct[kDirect] = {};
+  unsigned unit_shift = 0;  // log2 of the arena's rounding unit (set before use)
+
   static std::size_t bin_home(std::size_t rounded, std::uint64_t stream) {
     // Fibonacci hashing of the size (its low 6 bits are zero) and stream.
     const std::uint64_t x = (static_cast<std::uint64_t>(rounded) >> 6) + 0x9E3779B9ull * stream;
     return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> 59);  // kBins == 32
   }
+  // The direct map's entry of a key, or nullptr for a key it does not cover.
+  std::uint8_t* direct_entry(std::size_t rounded, std::uint64_t stream) noexcept {
+    const std::size_t c = rounded >> unit_shift;
+    return stream == 0 && c < kDirect ? &direct[c] : nullptr;
+  }
+  // The bin of key (rounded, stream) when it has a cached block, or nullptr.
+  Bin* take_bin(std::size_t rounded, std::uint64_t stream) noexcept {
+    if (const std::uint8_t* d = direct_entry(rounded, stream)) {
+      if (*d == 0) return nullptr;
+      Bin* bin = &bins[*d - 1];
+      return bin->count ? bin : nullptr;
+    }
+    return bins::take_bin(bins, bin_home(rounded, stream), kProbes, [&](const Bin& x) {
+      return x.size == rounded && x.stream == stream;
+    });
+  }
+  // The bin a block of key (rounded, stream) goes to (bins::put_bin), or
+  // nullptr where the key's bin is full or none is free in its window.
+  Bin* put_bin(std::size_t rounded, std::uint64_t stream) noexcept {
+    if (const std::uint8_t* d = direct_entry(rounded, stream)) {
+      if (*d != 0) {
+        Bin* bin = &bins[*d - 1];
+        return bin->count < kDepth ? bin : nullptr;
+      }
+    }
+    return put_bin_hashed(rounded, stream);
+  }
+
+ private:
+  // put_bin without a direct entry: the probe window, where a new bin is
+  // keyed (out of line: the fast path's common case does not get here).
+  Bin* put_bin_hashed(std::size_t rounded, std::uint64_t stream) noexcept;
+  void set_key(Bin& bin, std::size_t rounded, std::uint64_t stream) noexcept;
 };
 
 // Locks every front of a list with one heavy fence (FrontLock::lock in two
@@ -237,6 +286,11 @@ Front* find_slow(std::uint64_t serial) noexcept;
 inline Front* find(std::uint64_t serial) noexcept {
   if (t_last_front.serial == serial) return t_last_front.front;
   return find_slow(serial);
+}
+// The thread's last front when it is this arena's, else nullptr (the fast
+// paths' lookup: no call).
+inline Front* find_last(std::uint64_t serial) noexcept {
+  return t_last_front.serial == serial ? t_last_front.front : nullptr;
 }
 // Registers a front as the calling thread's (the arena holds it too); false
 // (nothing registered) once the thread is exiting. At thread exit every

@@ -22,7 +22,7 @@ struct Block;
 
 class LiveMap {
  public:
-  LiveMap() : slots_(kInitial) {}
+  LiveMap() : slots_(kInitial), mask_(kInitial - 1) {}
 
   std::size_t size() const { return used_; }
 
@@ -97,7 +97,7 @@ class LiveMap {
   };
   static constexpr std::size_t kInitial = 64;  // a power of two
 
-  std::size_t mask() const { return slots_.size() - 1; }
+  std::size_t mask() const { return mask_; }  // slots_.size() - 1, kept (no size division)
   std::size_t home(const void* ptr) const {
     // Fibonacci hashing of the address (its low 6 bits are always zero).
     const auto x = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr) >> 6);
@@ -111,12 +111,14 @@ class LiveMap {
   void grow() {
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
+    mask_ = slots_.size() - 1;
     for (const Slot& s : old) {
       if (s.key) place(s.key, s.block);
     }
   }
 
   std::vector<Slot> slots_;
+  std::size_t mask_;
   std::size_t used_ = 0;
 };
 
