@@ -38,6 +38,17 @@ constexpr std::size_t kFailedSlotsMax = std::size_t{1} << 18;
 constexpr std::uint64_t kLateUnits = 510'000'000;
 constexpr double kEarlyRatio = 1.0;
 constexpr double kLateRatio = 2.0;
+// The raise's window: each pre-order's turn walks up from at most this many
+// levels (0.5% of the bound each, so 4%) below the best height, not from the
+// bound. A turn costs its levels times the round's node limit, and the levels
+// far below the best plan almost never succeed at the limits a 1 s budget
+// reaches; from the bound, every round paid for all of them (13 levels on
+// MiniMalloc's D at +6.9%, 20-25 on packed_square's at +10-12%), so the limit
+// doubled slowly and the levels just below the best plan, where a plan is
+// found in thousands of nodes (D at +5.5%: 6k nodes with one pre-order; at
+// +4%: 59k), were reached late or never (docs/benchmarks.md, issue 12's
+// eleventh pass).
+constexpr std::uint64_t kRaiseWindow = 8;
 }  // namespace
 
 CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
@@ -712,8 +723,10 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
   //    round goes on from where the last one stopped;
   //  * raise: the same pre-orders and doubling limits as a capacity-targeted
   //    decision search: each pre-order asks "is there a plan of height H?"
-  //    for H = the bound plus one step (0.5% of the bound), then H raised a
-  //    step at a time while below the best height, until one is found. A
+  //    for H = the bound plus k steps (0.5% of the bound each), k the
+  //    lowest level at most kRaiseWindow steps below the best height (1
+  //    when the best is closer to the bound), then H raised a step at a
+  //    time while below the best height, until one is found. A
   //    tight H lets the section bounds and spatial inference prune early,
   //    so a plan just above the optimum is often found in far fewer nodes
   //    than one with more slack (on MiniMalloc's D: 8k nodes at +5.5%,
@@ -725,7 +738,7 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
   //    the best height so far and descending while the order succeeds.
   std::uint64_t exact_used = 0, raise_used = 0, ladder_used = 0;
   std::uint64_t exact_round = 1, exact_k = 0;
-  std::uint64_t raise_round = 1, raise_k = 0, raise_level = 1;
+  std::uint64_t raise_round = 1, raise_k = 0, raise_level = 0;
   std::uint64_t ladder_round = 0, ladder_k = 0;
   const std::uint64_t base = std::max<std::uint64_t>(64, n);
   std::vector<std::uint32_t> order;
@@ -738,6 +751,15 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     const auto cap = static_cast<std::uint64_t>(static_cast<long double>(lb) *
                                                 (1.0L + static_cast<long double>(k) * step));
     return cap < height && cap > lb ? cap : kUnplaced;
+  };
+  // The level each pre-order's turn of the raise starts from: at most
+  // kRaiseWindow levels below the best height (see kRaiseWindow).
+  auto first_level = [&]() -> std::uint64_t {
+    const long double ratio = static_cast<long double>(height - 1) / static_cast<long double>(lb);
+    auto k = static_cast<std::uint64_t>(std::max(1.0L, std::floor((ratio - 1.0L) / step)));
+    while (k > 1 && level_cap(k) == kUnplaced) --k;
+    while (level_cap(k + 1) != kUnplaced) ++k;  // k: the highest level below the height
+    return k > kRaiseWindow ? k - kRaiseWindow + 1 : 1;
   };
   const std::uint64_t start_used = work.used();
   for (;;) {
@@ -767,6 +789,7 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     if (raise_open && (!ladder_open || raise_used <= ladder_used)) {
       // A level at or above the best height (a lower plan was found
       // meanwhile) ends this pre-order's turn.
+      if (raise_level == 0) raise_level = first_level();
       const std::uint64_t cap = level_cap(raise_level);
       bool stop = false;
       if (cap != kUnplaced) {
@@ -779,7 +802,7 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
         ++raise_level;
         continue;
       }
-      raise_level = 1;
+      raise_level = 0;
       if (++raise_k == kExactKeys) {
         raise_k = 0;
         ++raise_round;
