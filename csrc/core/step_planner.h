@@ -626,12 +626,16 @@ class StepPlanner {
   // kGrowPlansMax plans a step); one whose range is taken goes to the
   // dynamic pool alone. The step still counts as a miss and is planned at
   // its end as before. False (nothing changed: the old miss) where it
-  // cannot be done: one length seen at position i, out-of-order matching, a
-  // bridge, fixed segments (the line cannot rise in place).
+  // cannot be done: one length seen at position i, sizes that the model
+  // does not explain (a variant of the layout between the two, predicted
+  // from its size at position i, off by more than kGrowFit of its bytes:
+  // eager MoE routing), out-of-order matching, a bridge, fixed segments
+  // (the line cannot rise in place).
   bool grow_plan(std::size_t i, std::size_t rounded);
   Block* place_grown(std::size_t i, std::size_t requested, std::size_t rounded, StreamId stream);
   static constexpr std::uint64_t kNoGrown = ~std::uint64_t(0);
   static constexpr double kGrowMargin = 1.02;
+  static constexpr double kGrowFit = 0.05;  // of a variant's bytes (grow_plan's check)
   // Plans per step: the first and re-plans from a request larger than
   // predicted (place_grown).
   static constexpr int kGrowPlansMax = 4;
