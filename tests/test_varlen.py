@@ -161,8 +161,8 @@ def test_variable_lengths_steady_peak_within_the_bound(C, seed):
     # 1.10): such a step plans the rest of itself for the sizes its layout's
     # variants predict (StepPlanner::grow_plan), 1.02-1.09 x in these seeds;
     # served best fit around the previous step's planned live-outs, they
-    # were 1.04-1.21 x (seeds 1 and 6 over). Not every seed meets it: 31 of
-    # 40 (25 of 40 before), docs/benchmarks.md.
+    # were 1.04-1.21 x (seeds 1 and 6 over). Not every seed meets it: 32 of
+    # 40 (25 of 40 before), docs/design.md ("Grown plan").
     assert whole <= 1.10 * loop.peak, (whole / MiB, loop.peak / MiB)
 
 
