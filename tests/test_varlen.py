@@ -78,6 +78,9 @@ class _VarLoop:
             self._free(p)
             self._free(g)
         self.grads = [self._alloc(s) for s in self.weights_sizes]
+        # The peak reserved since the caller's last reset, before the step's
+        # end (which may plan and reserve the next layout).
+        self.peak_reserved_in_step = a.stats()["reserved_bytes"]["all"]["peak"]
         a.end_step()
 
     def reserved(self) -> int:
@@ -154,11 +157,42 @@ def test_variable_lengths_steady_peak_within_the_bound(C, seed):
     # these seeds; the layout holds each slot's largest size, and two long
     # steps in a row need both outputs' largest sizes at once).
     assert steady <= 1.10 * loop.peak, (steady / MiB, loop.peak / MiB)
-    # The whole run, the steps longer than any before included: a step that
-    # outgrows its layout runs in the dynamic pool (best fit around the
-    # previous step's planned live-outs), 1.03-1.21 x in these seeds; the
-    # issue's 1.10 is not met there (docs/design.md).
-    assert whole <= 1.25 * loop.peak, (whole / MiB, loop.peak / MiB)
+    # The whole run, the steps longer than any before included (issue 16's
+    # 1.10): such a step plans the rest of itself for the sizes its layout's
+    # variants predict (StepPlanner::grow_plan), 1.02-1.09 x in these seeds;
+    # served best fit around the previous step's planned live-outs, they
+    # were 1.04-1.21 x (seeds 1 and 6 over). Not every seed meets it: 32 of
+    # 40 (25 of 40 before), docs/design.md ("Grown plan").
+    assert whole <= 1.10 * loop.peak, (whole / MiB, loop.peak / MiB)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_step_longer_than_every_planned_one_is_planned_as_it_runs(C, seed):
+    # A step longer than every step before it outgrows its layout. Served by
+    # the dynamic pool (best fit around the previous step's planned live-outs,
+    # in holes sized for the shorter lengths) it peaked at 1.10-1.16 x in 4 of
+    # these 8 seeds. Planned as it runs (StepPlanner::grow_plan), it needs
+    # what the prediction and the live-ins in its way leave: within 10% of
+    # the larger of its own live peak (counted here) and the reserved bytes
+    # it started with (a territory of shorter steps it need not exceed).
+    loop = _VarLoop(C, random.Random(seed), plan_budget_ms=0)
+    rng = random.Random(seed + 100)
+    longest = 0
+    for i in range(60):
+        n = rng.randint(32, 256)
+        start = loop.reserved()
+        loop.arena.reset_peak_stats()
+        loop.peak = loop.live
+        loop.step(n)
+        # Step 0 is recorded and steps 1-2 make the first plan: no layout yet.
+        if i >= 3 and n > longest:
+            bound = 1.10 * max(loop.peak, start)
+            assert loop.peak_reserved_in_step <= bound, (i, n, loop.peak_reserved_in_step / MiB, bound / MiB)
+        longest = max(longest, n)
+    r = loop.arena.stats()["renaissance"]
+    # The hits include the grown plan's placements, and nothing conflicted.
+    assert r["planned_grown"] <= r["planned_hits"] and r["planned_conflicts"] == 0, r
+    loop.arena.check_invariants()
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -89,7 +89,9 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     matching but blocked by a live block), ``planned_fast_hits`` (of the hits,
     those served by the replay fast path, without the arena's lock), ``planned_reordered`` (of the
     hits, those matched to a later position of the plan than their own: concurrent threads'
-    requests in another order than recorded), ``planned_unserved``
+    requests in another order than recorded), ``planned_grown`` (of the hits, those placed by
+    a plan made while a step ran that outgrew its layout: a longer sequence than every planned
+    one), ``planned_unserved``
     (allocations of planned steps after their replay stopped, served by the dynamic pool;
     ``hit_rate`` is ``planned_hits`` over these and ``planned_requests`` together), ``plan_bytes`` (planned territory),
     ``step_and_persistent_load_bytes`` (the largest, over the steps the current

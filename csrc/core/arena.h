@@ -170,6 +170,9 @@ struct PlanStats {
   // Of the hits, those served at a later position of the plan than the
   // request's own (concurrent threads' requests in another order than recorded).
   std::int64_t planned_reordered = 0;
+  // Of the hits, those placed by a plan made during a step that outgrew its
+  // layout (a longer sequence than every planned one; StepPlanner::grow_plan).
+  std::int64_t planned_grown = 0;
   std::int64_t plans = 0;           // plans computed
   // Structures whose replays kept leaving their layout (sizes that change
   // every step: data-dependent MoE routing) and that are served by the

@@ -72,6 +72,7 @@ py::dict stats_dict(const DeviceStats& s, const PlanStats& p) {
   r["planned_conflicts"] = p.planned_conflicts;
   r["planned_fast_hits"] = p.planned_fast_hits;
   r["planned_reordered"] = p.planned_reordered;
+  r["planned_grown"] = p.planned_grown;
   r["planned_unserved"] = p.planned_unserved;
   r["plans"] = p.plans;
   r["give_ups"] = p.give_ups;
