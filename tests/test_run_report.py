@@ -263,7 +263,9 @@ def test_steady_window_starts_after_a_re_plans_first_replay(tmp_path, seed):
     (tmp_path / "loop.py").write_text(KEPT_FIRST_OUTPUT.format(seed=seed))
     r, rep = run_report(tmp_path / "loop.py", tmp_path / "r.json")
     rows = [tuple(map(int, line.split())) for line in r.stdout.split("\n") if line.strip()]
-    assert rep["plans"] == 2, rep  # the plan and the re-plan at the end of its first replay
+    # The plan and the re-plan at the end of its first replay (and a refine
+    # of it where it was pinned or over its bound: no steady step either).
+    assert rep["plans"] in (2, 3), rep
     # Reference: the first boundary after which a step replayed and no plan was
     # made at it; the window is the steps after it (step k ends at boundary k).
     expect = next(i for k, (i, plans, replayed, _) in enumerate(rows)
