@@ -4,7 +4,7 @@ Each row runs ``benchmarks/models/hf_train.py`` (an ordinary loop: ``out = model
 ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()``) alternately with plain ``python``
 (PyTorch's default CPU allocator) and under ``torch-renaissance run --report``, ``--repeats``
 times each, and prints: losses bit-identical, plan hit rate, address stability, peak reserved /
-peak allocated for the whole run and for the steady state (after the first replayed step), the
+peak allocated for the whole run and for the steady state (after the recorded steps and each plan's first replay), the
 wall-time ratio of the whole processes (ours / PyTorch's, medians of the alternated runs; imports
 and model building included) and peak RSS of both.
 

@@ -236,12 +236,18 @@ torch.manual_seed(0)
 m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
 opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(1)
-top = 0  # the highest reserved at a step boundary once a step replayed (run's steady state)
+# The highest reserved at a step boundary in run's steady state: from the first
+# boundary at which a step had replayed and no plan was made (at the latest
+# after 4 replayed steps).
+top, steady, plans = 0, False, 0
 for i in range(1, 31):
     x = torch.randn(64, 256, generator=g); y = torch.randint(0, 10, (64,), generator=g)
     loss = nn.functional.cross_entropy(m(x), y); loss.backward(); opt.step()
     s = tr.memory_stats()  # right after the boundary (the optimizer step's hook)
-    if s["renaissance.planned_steps"] >= 1:
+    replayed = s["renaissance.planned_steps"]
+    steady = steady or replayed >= 4 or (replayed >= 1 and s["renaissance.plans"] == plans)
+    plans = s["renaissance.plans"]
+    if steady:
         top = max(top, s["reserved_bytes.all.current"])
     opt.zero_grad()
     if i % 5 == 0 and i < 30:  # (none after the last step: no tail step of a new shape)
@@ -262,7 +268,9 @@ def test_run_report_on_a_training_loop_with_a_periodic_eval(tmp_path):
     (tmp_path / "loop.py").write_text(EVAL_LOOP)
     r, rep = run_report(tmp_path / "loop.py", tmp_path / "r.json")
     top = int(r.stdout.strip())
-    assert rep["plans"] == 2 and rep["layouts"] == 2, rep
+    # The two layouts' plans, and a refine of the training layout's first plan
+    # where it was pinned or over its bound (installed only when lower).
+    assert rep["plans"] in (2, 3) and rep["layouts"] == 2, rep
     # Over the steady steps (replayed ones compared with a replayed step of their
     # layout), not the last step only.
     assert rep["address_stability_over"] == "steady steps", rep

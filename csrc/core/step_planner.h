@@ -303,9 +303,18 @@ class StepPlanner {
     // `next_top` are the layout proper, which end_step installs after that
     // step (finish_bridge).
     bool bridging = false;
+    int bridge_next_phase = 0;  // the phase the step after the bridge replays
     std::vector<std::size_t> next_offsets;
     std::size_t next_top = 0;
     std::size_t bound = 0;     // the planner's lower bound for its problem (obstacles included)
+    // A plan over its bound by more than 1/kRefineOver, or pinned, is planned once more
+    // from its first clean replay (refine): with kRefineBudget times the
+    // budget, and from a step whose live-outs stand at the plan's own
+    // offsets rather than where the dynamic pool put the recorded ones, so a
+    // bridge fits where the first plan's did not. Installed only when its top
+    // is lower (StepPlanner::install). `refined`: the installed plan was
+    // refined, or its refine was not lower; reset by any other plan.
+    bool refined = false;
     // Threads whose allocations it plans (sorted): those that allocated at
     // the same positions in the two steps it was planned from. Another
     // thread's allocations during a step are not part of it.
@@ -489,6 +498,10 @@ class StepPlanner {
   StreamId lower_line_ = kNoStream;
   // Re-plans for that reason per layout (a guard: each one plans the slot).
   static constexpr int kRelearnMax = 2;
+  // A refine (Layout::refined) is made for a plan whose top is above its
+  // bound by more than 1/kRefineOver, with kRefineBudget times the budget.
+  static constexpr std::size_t kRefineOver = 100;
+  static constexpr int kRefineBudget = 4;
 
   // The fast path's state (see arm_fast). routes_ by phase, each built for
   // one layout at one layout_gen_ (bumped whenever a layout is installed or
@@ -705,6 +718,9 @@ struct StepPlanJob {
   // they die, so the plan (`result`, unpinned) replays from that step on.
   // Empty: no bridge (result is replayed at once).
   std::vector<std::uint64_t> bridge;
+  // The phase the step after the bridge replays: 0, or 1 where no bridge
+  // fitted around phase 0's buffers (plan_bridge's next_phase).
+  int bridge_next_phase = 0;
   // The target segment's size when the job was made plus the reserved
   // headroom below the reserved peak (StepArenaView): a bridge above it would
   // raise the peak reserved for its one step, so then the live-outs in the
@@ -712,6 +728,9 @@ struct StepPlanJob {
   std::uint64_t room = 0;
   std::vector<std::uint64_t> threads;  // the layout's threads (sorted)
   double seconds = 0.0;  // time in run()
+  // A refine (StepPlanner::Layout::refined): installed only when its top is
+  // below the target's; otherwise dropped, the installed plan kept.
+  bool refine = false;
 };
 
 }  // namespace renaissance
