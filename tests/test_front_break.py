@@ -90,6 +90,7 @@ def make_machine(C, device: str):
         @initialize()
         def setup(self):
             dev, self.streams = DEVICES[device](C)
+            self.dev = dev
             self.a = C.Arena(dev, planning=False, expandable_segments=device != "sim1")
             self.unit = self.a.rounding
             self.sizes = boundary_sizes(self.unit)
@@ -182,6 +183,17 @@ def make_machine(C, device: str):
                 return
             with pytest.raises(C.InvalidPointerError):
                 self.a.deallocate(p + 1)
+
+        @precondition(lambda self: self.live and len(self.streams) > 1)
+        @rule(i=st.integers(0, 10 ** 6), run=st.booleans())
+        def record_stream(self, i, run):
+            # A stream use: the block stops being held by a front, and its free waits.
+            ptrs = list(self.live)
+            p = ptrs[i % len(ptrs)]
+            other = self.streams[1] if self.live[p][2] == 0 else 0
+            self.a.record_stream(p, other)
+            if run:
+                self.dev.run_all()
 
         @rule(on=st.booleans())
         def set_fronts(self, on):
