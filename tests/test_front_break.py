@@ -90,6 +90,7 @@ def make_machine(C, device: str):
         @initialize()
         def setup(self):
             dev, self.streams = DEVICES[device](C)
+            self.dev = dev
             self.a = C.Arena(dev, planning=False, expandable_segments=device != "sim1")
             self.unit = self.a.rounding
             self.sizes = boundary_sizes(self.unit)
@@ -182,6 +183,17 @@ def make_machine(C, device: str):
                 return
             with pytest.raises(C.InvalidPointerError):
                 self.a.deallocate(p + 1)
+
+        @precondition(lambda self: self.live and len(self.streams) > 1)
+        @rule(i=st.integers(0, 10 ** 6), run=st.booleans())
+        def record_stream(self, i, run):
+            # A stream use: the block stops being held by a front, and its free waits.
+            ptrs = list(self.live)
+            p = ptrs[i % len(ptrs)]
+            other = self.streams[1] if self.live[p][2] == 0 else 0
+            self.a.record_stream(p, other)
+            if run:
+                self.dev.run_all()
 
         @rule(on=st.booleans())
         def set_fronts(self, on):
@@ -324,8 +336,11 @@ def run_threads(C, dev, streams, seed, threads=4, rounds=6, ops=150, exiters=2):
     try:
         for r in range(rounds):
             while (barrier.n_waiting < threads or any(x.is_alive() for x in xs)) and not errors:
-                op = rng.choice(["check", "flush", "empty", "snapshot", "stats", "largest"])
-                if op == "check":
+                op = rng.choice(["check", "flush", "empty", "snapshot", "stats", "largest",
+                                 "fronts"])
+                if op == "fronts":
+                    a.set_fronts(rng.random() < 0.7)  # off: folded while the workers run
+                elif op == "check":
                     a.check_invariants()
                 elif op == "flush":
                     a.flush_cache()
@@ -339,6 +354,7 @@ def run_threads(C, dev, streams, seed, threads=4, rounds=6, ops=150, exiters=2):
                     a.largest_free_block()
             if errors:
                 break
+            a.set_fronts(True)
             barrier.wait(timeout=120)
             # Every worker waits: the arena is still.
             s = a.stats()
@@ -464,3 +480,26 @@ def test_torch_cpu_tensors_on_threads_under_install():
     assert out["errors"] == []
     assert out["oom"] and "out of memory" in out["oom"]
     assert out["ok"] == float(1 << 20)
+
+
+@pytest.mark.parametrize("alignment,seed", [(16, 1), (512, 2)])
+def test_eight_cpp_threads_on_units_of_16_and_512(C, alignment, seed):
+    """``stress_threads`` (8 C++ threads at once, no GIL: the fronts' fast paths really run
+    side by side, with cross-thread frees and thread 0 checking invariants meanwhile) on a
+    SimDevice of 16 B units, where the default stream's keys use both the direct map and the
+    probe window, and of 512 B units; tests/test_free_cache.py runs it on HostDevice only. (Not
+    on 1 B units: the loop writes an 8-byte tag into every block, so a 1-byte request's block
+    is too small for it.)"""
+    a = C.Arena(C.SimDevice(0, alignment), planning=False)
+    allocs, requested, given = C.stress_threads(a, 8, 1500, seed)
+    assert given > 0
+    a.check_invariants()
+    s = a.stats()
+    assert s["allocation"]["all"]["current"] == 0 and s["requested_bytes"]["all"]["current"] == 0
+    assert s["allocation"]["all"]["allocated"] == allocs
+    assert s["requested_bytes"]["all"]["allocated"] == requested
+    for _ in range(1000):  # the workers' fronts go back at their exit
+        if a.front_count == 0:
+            break
+        time.sleep(0.01)
+    assert a.front_count == 0
