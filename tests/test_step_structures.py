@@ -222,11 +222,48 @@ def test_sizes_that_change_every_step_stop_being_planned(C, seed):
     # Frozen within the first 20 steps: no plan after them (before: a plan
     # in most steps to the end).
     assert plans[-1] == plans[20], plans
-    # The last step replayed to its end: every request a hit or served alone.
-    d = {k: r[k] - before[k] for k in ("planned_unserved", "planned_hits", "planned_misses")}
-    assert d["planned_unserved"] == 0, d
-    assert d["planned_hits"] + d["planned_misses"] == r["last_step_allocations"], (d, r)
+    # The last step is served by the dynamic pool (its structure frozen):
+    # nothing of it replayed, so nothing missed, hit or went unserved.
+    d = {k: r[k] - before[k] for k in ("planned_unserved", "planned_hits", "planned_misses", "planned_steps")}
+    assert d == dict.fromkeys(d, 0), d
     arena.check_invariants()
+
+
+def _moe_peak_reserved(C, seed, warmup, steps, **options):
+    """Peak reserved bytes of ``steps`` routed steps after ``warmup`` of them (peaks
+    reset in between), on a HostDevice arena with budget-0 plans and ``options``."""
+    rng = random.Random(seed)
+    arena = C.Arena(C.HostDevice(), plan_budget_ms=0, **options)
+    held = []
+    experts, tokens = rng.choice((4, 8)), rng.choice((64, 128, 256))
+    for k in range(warmup + steps):
+        if k == warmup:
+            arena.reset_peak_stats()
+        _routed_step(arena, rng, experts, tokens, held)
+    arena.check_invariants()
+    return arena.stats()["reserved_bytes"]["all"]["peak"], arena.stats()["renaissance"]
+
+
+def test_a_frozen_structure_costs_no_more_than_planning_off(C):
+    """Once eager MoE's structure is frozen, its steps cost no more than with planning
+    off: the territory goes back to the dynamic pool, which serves the whole step.
+    Before (a frozen layout replayed, an outgrown request served alone beside the
+    territory) the layout's top stayed reserved next to the dynamic pool's segments:
+    peak reserved over steps 20-60 1.13-1.73 x planning off's in these seeds. The
+    dynamic pool's own history (what the planned steps before the give-up left where)
+    can still differ from planning off's by a granule in a seed, so each seed gets 10%
+    and the seeds together none."""
+    on_total = off_total = 0
+    worse = []
+    for seed in range(12):
+        on, r = _moe_peak_reserved(C, seed, 20, 40)
+        off, _ = _moe_peak_reserved(C, seed, 20, 40, planning=False)
+        assert r["give_ups"] >= 1, (seed, r)
+        on_total, off_total = on_total + on, off_total + off
+        if on > 1.10 * off:
+            worse.append((seed, on, off))
+    assert not worse, worse
+    assert on_total <= off_total, (on_total, off_total)
 
 
 EVAL_LOOP = """

@@ -147,8 +147,11 @@ class StepPlanner {
   // Forgets a job whose run() failed (the step stays unplanned).
   void abandon() { planning_ = false; }
   bool in_step() const { return open_; }
-  // A step is open and served by the dynamic pool (no plan, or it diverged).
-  bool recording() const { return open_ && !replaying_; }
+  // A step is open and served by the dynamic pool (no plan, or it diverged),
+  // and will be planned from: not a step of a frozen structure (served as
+  // with planning off: its small requests in small segments, nothing put
+  // in the persistent segment).
+  bool recording() const { return open_ && !replaying_ && !frozen_; }
   // A step is open that began replaying a layout and left it (a miss, a new
   // structure such as a periodic eval inside the step): what its optimizer
   // makes are temporaries (the state exists), not state to pack apart.
@@ -655,6 +658,7 @@ class StepPlanner {
   int grow_plans_ = 0;
   std::vector<std::size_t> grown_size_;  // per position: the predicted size (bytes)
   bool grown_ = false;  // the open step is served by a grown plan from some position on
+  bool frozen_ = false;  // the open step's structure is given up: the dynamic pool serves it
   Segment* grown_seg_ = nullptr;
   std::vector<std::uint64_t> grown_offset_;  // per position: its offset (bytes), or kNoGrown
   // Shapes (hash of key and size sequence) seen in back-off and not planned,
