@@ -90,6 +90,21 @@ def test_hf_gpt2_output_kept_across_steps_is_planned(tmp_path):
 
 
 @needs_hf
+def test_hf_gpt2_d256_steady_at_peak_allocated(tmp_path):
+    # Issue 16's GPT-2 (4 layers, d 256, vocab 8000, batch 4 x 128): 1.023 x
+    # steady. Its first plan is pinned (no bridge fitted: the new logits are
+    # born before the recorded ones die, over both of the plan's logits
+    # positions) and over its bound (162.7 MiB for 158.2); the refine made from
+    # its first replay is bridged and replaces it at its bound: 1.000 in the
+    # eleventh pass's runs (load 9-45). The window leaves out the refine's
+    # first replay.
+    rep, err = _run(tmp_path, "--arch", "gpt2", "--steps", "7")
+    _check_planned(rep, 1.02)
+    assert rep["plans"] <= 2 and rep["steady_from_step"] <= 5, rep
+    assert rep["address_stability"] == 1.0, rep
+
+
+@needs_hf
 def test_hf_bert_encoder_is_planned(tmp_path):
     rep, _ = _run(tmp_path, "--arch", "bert", "--size", "tiny", "--steps", "7", "--batch", "8", "--seq", "64")
     _check_planned(rep, 1.02)

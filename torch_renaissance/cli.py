@@ -138,9 +138,10 @@ def _steady_window(rep: dict) -> str:
 class _Recorder:
     """What ``run`` keeps at each step boundary: the steady-state reset and the timeline.
 
-    Once the first replayed step is over (the recorded steps and the first
-    replay behind), it keeps the peaks so far and resets them, as the demo
-    does; ``--plot`` samples (seconds, allocated, reserved) at every
+    Once a replayed step is over at whose end no plan was made (the
+    recorded steps and each plan's first replay behind; STEADY_AFTER,
+    STEADY_AT_THE_LATEST), it keeps the peaks so far and resets them, as the
+    demo does; ``--plot`` samples (seconds, allocated, reserved) at every
     allocator event through a cheap poll at each boundary and in between.
     """
 
@@ -1159,7 +1160,8 @@ them (its first step ends run's optimizer-step boundaries).
 
 Options of run come before SCRIPT; everything after SCRIPT (or MODULE) goes to the program.
 At exit a memory report goes to stderr: whole-run peaks, the steady state (peaks after the first
-replayed step), LOAD (the lower bound), and where reserved bytes that hold nothing are."""
+replayed step that no (re-)plan followed), LOAD (the lower bound), and where reserved bytes that
+hold nothing are."""
 
 
 def build_parser() -> argparse.ArgumentParser:

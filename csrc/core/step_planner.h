@@ -27,7 +27,10 @@
 //     (finish_bridge), without pins. Only when the bridge would map more
 //     than the reserved peak allows (StepPlanJob::room), or a live-out has
 //     no place under the plan's top, is such a live-out pinned where it
-//     stands in phase 1 (every later step then pays for it);
+//     stands in phase 1 (every later step then pays for it). Where no bridge
+//     fits before the plan's phase 0, one into its phase 1 is tried (the
+//     bridge's live-outs at phase 0's positions). A plan still pinned, or
+//     over its bound, is refined once from its first replay (Layout::refined);
 //   * buffers used on another stream keep their range until the step ends;
 //   * live blocks of the target segment are obstacles the plan avoids; so
 //     are blocks of other steps (another key's) that died during the step,
