@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <sstream>
@@ -2177,18 +2176,9 @@ void Arena::check_front_locked(const Front& f, InvariantTally& t) const {
     if (f.direct[c] != i + 1) invariant_failed("a front's direct map does not name a bin of its key");
     ++named;
   }
-  // (By words: under TR_DEBUG=3 this runs after every operation.)
-  for (std::size_t c = 0; c < Front::kDirect;) {
-    std::uint64_t w = 0;
-    if (c + sizeof w <= Front::kDirect) std::memcpy(&w, &f.direct[c], sizeof w);
-    if (c + sizeof w <= Front::kDirect && w == 0) {
-      c += sizeof w;
-      continue;
-    }
-    const std::size_t e = std::min(c + sizeof w, Front::kDirect);
-    for (; c < e; ++c) named -= f.direct[c] != 0;
-  }
-  if (named != 0) invariant_failed("a front's direct map names a bin that does not have its key");
+  const auto entries = static_cast<std::size_t>(
+      std::count_if(f.direct, f.direct + Front::kDirect, [](std::uint8_t e) { return e != 0; }));
+  if (entries != named) invariant_failed("a front's direct map names a bin that does not have its key");
   for (auto [ptr, b] : f.held) {
     ++t.held_total;
     const Segment* seg = b->segment;

@@ -285,11 +285,13 @@ bool StepPlanner::grow_plan(std::size_t i, std::size_t rounded) {
   if (!lo || (*lo)[i] == 0 || hi[i] <= (*lo)[i] || rounded <= hi[i]) return false;
   const double span = std::log(static_cast<double>(hi[i]) / static_cast<double>((*lo)[i]));
   const double growth = std::log(static_cast<double>(rounded) / static_cast<double>(hi[i]));
-  // Position k's exponent relative to position i's (0 where it does not vary).
-  auto exponent = [&](std::size_t k) {
-    if ((*lo)[k] == 0 || hi[k] <= (*lo)[k]) return 0.0;
-    return std::clamp(std::log(static_cast<double>(hi[k]) / static_cast<double>((*lo)[k])) / span, 0.0, 2.0);
-  };
+  // Position k's exponent relative to position i's (0 where it does not
+  // vary), once per position: the check and the prediction below use it.
+  std::vector<double> exponent(n, 0.0);
+  for (std::size_t k = 0; k < n; ++k) {
+    if ((*lo)[k] == 0 || hi[k] <= (*lo)[k]) continue;
+    exponent[k] = std::clamp(std::log(static_cast<double>(hi[k]) / static_cast<double>((*lo)[k])) / span, 0.0, 2.0);
+  }
   // The model must explain the layout's own variants between the two: each
   // one's sizes, predicted from its size at position i, within kGrowFit of
   // them in sum. Sizes that do not follow one length (eager MoE routing:
@@ -308,7 +310,7 @@ bool StepPlanner::grow_plan(std::size_t i, std::size_t rounded) {
     double off = 0.0, total = 0.0;
     for (std::size_t k = 0; k < n; ++k) {
       if (l.slots[k].dynamic) continue;
-      const double want = static_cast<double>(hi[k]) * std::exp(exponent(k) * g);
+      const double want = static_cast<double>(hi[k]) * std::exp(exponent[k] * g);
       off += std::abs(want - static_cast<double>(v.sizes[k]));
       total += static_cast<double>(v.sizes[k]);
     }
@@ -327,7 +329,7 @@ bool StepPlanner::grow_plan(std::size_t i, std::size_t rounded) {
     if (k == i) {
       size = rounded;
     } else if ((*lo)[k] > 0 && hi[k] > (*lo)[k]) {
-      const double e = exponent(k);
+      const double e = exponent[k];
       // kGrowMargin: rounding and sizes that are only nearly a power of
       // the length (an affine a + b * length) make the power a little short.
       const double want = static_cast<double>(hi[k]) * std::exp(e * growth) * kGrowMargin;
@@ -336,7 +338,7 @@ bool StepPlanner::grow_plan(std::size_t i, std::size_t rounded) {
     }
     const std::int64_t lower = std::max(s.lower, now);
     const std::int64_t upper = std::max(std::min(s.upper, T), lower + 1);
-    p.buffers.push_back(planner::Buffer{size, lower, std::max(upper, lower + 1)});
+    p.buffers.push_back(planner::Buffer{size, lower, upper});
     index.push_back(k);
   }
   // Every block live in the segment is in the way until it dies: this
