@@ -123,14 +123,16 @@ def _set_hint(on: bool) -> None:
 
 
 def _hint_optimizer_state() -> None:
-    """Marks every ``optimizer.step()`` as a phase whose allocations persist.
+    """Marks each ``optimizer.step()`` that makes state as a phase whose allocations persist.
 
     Optimizers create their state (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``)
     inside their first ``step()``. While a step is recorded the arena packs
     what is allocated in that phase into a segment of its own, so that the
     state, which outlives every step, does not end up scattered where the
-    plan of the next steps has to go around it. Uses PyTorch's global
-    optimizer step hooks (``torch.optim.optimizer``).
+    plan of the next steps has to go around it; when the phase ends the
+    arena gives back what it left free there (its foreach temporaries).
+    A ``step()`` that makes no state is not hinted (``_makes_state``). Uses
+    PyTorch's global optimizer step hooks (``torch.optim.optimizer``).
     """
     if _optimizer_hooks:
         return
@@ -139,8 +141,27 @@ def _hint_optimizer_state() -> None:
         register_optimizer_step_pre_hook,
     )
 
-    _optimizer_hooks.append(register_optimizer_step_pre_hook(lambda *a: _set_hint(True)))
+    _optimizer_hooks.append(register_optimizer_step_pre_hook(
+        lambda opt, *a: _set_hint(_makes_state(opt))))
     _optimizer_hooks.append(register_optimizer_step_post_hook(lambda *a: _set_hint(False)))
+
+
+def _makes_state(optimizer) -> bool:
+    """True if ``optimizer.step()`` is about to create state: a parameter
+    with a gradient has no state yet (PyTorch's optimizers make it lazily,
+    in the first ``step()`` that sees the gradient). Only such a step is
+    hinted: a later one allocates only its foreach temporaries, which die
+    within it and belong in the dynamic pool's free memory, not in the
+    persistent segment (issue 16)."""
+    state = getattr(optimizer, "state", None)
+    groups = getattr(optimizer, "param_groups", None)
+    if state is None or groups is None:
+        return True  # not a torch.optim.Optimizer: hint as before
+    for group in groups:
+        for p in group.get("params", ()):
+            if getattr(p, "grad", None) is not None and not state.get(p):
+                return True
+    return False
 
 
 def _diff(old: Config, new: Config) -> str:

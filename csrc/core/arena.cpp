@@ -437,6 +437,19 @@ void Arena::empty_cache() {
 void Arena::set_persistent_hint(bool on) {
   Locked g(*this);
   persistent_hint_ = on;
+  if (on) return;
+  if (!hinted_allocations_) return;
+  hinted_allocations_ = false;
+  // The hinted phase is over: what it left free in the persistent segment
+  // were its temporaries (an optimizer's foreach intermediates, allocated
+  // after the state they update), not state. Its free granules go back, so
+  // they do not stay mapped beside the dynamic pool until the next plan
+  // (issue 16: HF GPT-2's second recorded step peaked with the first
+  // step()'s 15 MiB of AdamW temporaries still mapped there).
+  if (capturing_) return;
+  for (auto& [base, seg] : segments_) {
+    if (seg->expandable && seg->persistent) release_free_granules_locked(seg.get());
+  }
 }
 
 void Arena::sync_point() {
@@ -650,6 +663,7 @@ Block* Arena::allocate_dynamic_locked(std::size_t requested, std::size_t rounded
   // temporaries grew that segment by their size (a periodic eval's first
   // step: 40 MiB over a 113 MiB steady reserved, a 16-layer MLP).
   bool persistent = recording && persistent_hint_ && !steps_->diverged();
+  hinted_allocations_ |= persistent;
   // Between steps, what a stream with planned territory allocates goes to
   // the persistent segment too: not above the territory, where it would be
   // an obstacle that the next plan of a new structure goes above (issue 18).

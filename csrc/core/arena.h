@@ -291,7 +291,9 @@ class Arena : private TerritoryHost {
   // (an optimizer step creating its state). While a step is being recorded,
   // such allocations go to a segment of their own, so the blocks that
   // persist are packed together instead of scattered where the plan of the
-  // next steps has to go around them. Ignored while a plan replays.
+  // next steps has to go around them. Ignored while a plan replays. Turning
+  // the hint off after such allocations gives back the free granules of the
+  // persistent segment (what the hinted phase freed: its temporaries).
   void set_persistent_hint(bool on);
 
   // Planned steps: mark the start and the end of a step.
@@ -619,6 +621,7 @@ class Arena : private TerritoryHost {
   bool ranges_ok_;
   FreeSet small_free_, large_free_, persistent_free_;
   bool persistent_hint_ = false;
+  bool hinted_allocations_ = false;  // a hinted allocation went to the persistent segment
   LiveMap live_;  // live allocations by address
   CacheBin cache_[kCacheBins];
   std::size_t cache_bytes_ = 0, cache_blocks_ = 0;
