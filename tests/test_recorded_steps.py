@@ -142,6 +142,14 @@ def test_only_a_step_that_makes_state_is_hinted():
     opt.add_param_group({"params": [c]})
     c.sum().backward()
     assert _makes_state(opt)  # a new group's parameter
+    # A frozen parameter (never a gradient) keeps the quick count from
+    # deciding; the scan still answers.
+    frozen = torch.nn.Parameter(torch.ones(2))
+    opt2 = torch.optim.AdamW([w, frozen], lr=0.1)
+    (w.sum()).backward()
+    assert _makes_state(opt2)
+    opt2.step()
+    assert len(opt2.state) == 1 and not _makes_state(opt2)
     sgd = torch.optim.SGD([w], lr=0.1)
     for _ in range(2):
         assert _makes_state(sgd)  # stateless: every step() may make state, as before

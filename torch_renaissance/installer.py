@@ -157,6 +157,8 @@ def _makes_state(optimizer) -> bool:
     groups = getattr(optimizer, "param_groups", None)
     if state is None or groups is None:
         return True  # not a torch.optim.Optimizer: hint as before
+    if len(state) >= sum(len(g.get("params", ())) for g in groups):
+        return False  # every parameter has state (the steady case: no per-parameter scan)
     for group in groups:
         for p in group.get("params", ()):
             if getattr(p, "grad", None) is not None and not state.get(p):
