@@ -479,9 +479,11 @@ class StepPlanner {
   // Whether the obstacles a layout was planned around (blocks live in its
   // territory at plan time that were no part of the step: another thread's,
   // or one a step kept past its planned death) have mostly died: at least
-  // half of its obstacle bytes gone, where they were at least an eighth of
-  // its top. Then a re-plan without them lowers the territory. O(blocks
-  // under the top), only for such layouts.
+  // half of its obstacle bytes gone (another key's alternating block counted
+  // at both offsets), where they cost at least a sixteenth of its top (its
+  // top over the step's own LOAD; with other keys' layouts: where they were
+  // at least an eighth of its top). Then a re-plan without them lowers the
+  // territory. O(blocks under the top), only for such layouts.
   bool obstacles_gone(const Layout& l) const;
   // Whether layout `l` serves dynamically a live-out of the open step that a
   // plan made now would plan: its instance of the step before died during
