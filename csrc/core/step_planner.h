@@ -485,6 +485,11 @@ class StepPlanner {
   // at least an eighth of its top). Then a re-plan without them lowers the
   // territory. O(blocks under the top), only for such layouts.
   bool obstacles_gone(const Layout& l) const;
+  // The highest top of the layouts on `stream` of the keys other than the
+  // open step's whose steps ran since its key's previous step (0: none).
+  // What this step keeps live at its end lives through their steps, so its
+  // plan keeps those live-outs above that (plan_step). O(keys + layouts).
+  std::size_t other_keys_top(StreamId stream) const;
   // Whether layout `l` serves dynamically a live-out of the open step that a
   // plan made now would plan: its instance of the step before died during
   // this step. The plan judged it persistent because, in the steps it was
@@ -680,6 +685,12 @@ class StepPlanner {
   // kNoTwin when there is none (not placed by such a layout).
   static constexpr std::uint64_t kNoTwin = ~std::uint64_t(0);
   std::uint64_t twin_offset(std::uint64_t step, std::int64_t seq, std::uint64_t at) const;
+  // Its slot's size there (the largest over the layout's variants) where its
+  // key's layout placed it at `at` (either phase), else `size`, if larger:
+  // the next instances stand there at up to that size (a request between a
+  // serving loop's calls, 16-128 KiB by prompt length: a call's layout
+  // planned around a 64 KiB one conflicted with the 128 KiB one).
+  std::size_t slot_extent(std::uint64_t step, std::int64_t seq, std::uint64_t at, std::size_t size) const;
   bool planning_ = false;  // a PlanJob is between end_step() and install()
   bool missed_ = false;
   std::int64_t step_conflicts_ = 0;
@@ -711,6 +722,10 @@ struct StepPlanJob {
   std::uint64_t key = 0;
   StreamId stream = 0;
   std::size_t step_load = 0, obstacle_bytes = 0, persistent = 0;
+  // The last `boundary_fixed` of problem.fixed: other keys' layouts (their
+  // live-outs' slots, their tops at the step's end; see plan_step), no
+  // blocks: not obstacles in the layout's books.
+  std::size_t boundary_fixed = 0;
   std::size_t variant_load = 0;  // LOAD of the steps it holds (the larger of own and target's)
   std::size_t total_load = 0;    // Layout::total_load after install
   int phases = 1;
