@@ -67,6 +67,12 @@ def test_keyed_steps_do_not_conflict_on_the_previous_keys_output(C, seed):
     # conflicts in every round (2-7 of them here) and a re-plan of each
     # conflicting key every other round, for good.
     assert per_round[-3:] == [0, 0, 0], per_round
+    # The first replays (round 3: every key's layout exists) no longer
+    # conflict: a key's output is in the way of the next key's plan at its
+    # slot's offsets (its layout keeps it there), not only where it stood in
+    # the recorded step the plan was made from. Before: 2-6 conflicts in
+    # round 3 of each of 12 seeds; now none in 40.
+    assert per_round[2] == 0, per_round
     assert plans[-1] == plans[-4], plans
     arena.check_invariants()
 

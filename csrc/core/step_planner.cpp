@@ -1834,24 +1834,29 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   // rate 90%). An obstacle at the step's last tick (and the second phase's)
   // meets exactly what is live at the step's end.
   std::size_t boundary_fixed = 0;
-  // What those keys' layouts keep live across their steps' ends lives
-  // through this step (the request made between calls, live through the
-  // call): in the way at every offset their layouts place it, at its slot's
-  // size, for the whole step, whether or not a block stands there now (it
-  // may have been served dynamically in the step this plan is made from).
-  // Those that died in this step are its foreign frees (collect_obstacles).
+  // What those keys' layouts keep live at their steps' ends lives into this
+  // step (the request made between calls, live through the call; a keyed
+  // loop's output, dropped in the next key's step: its slot lives to its
+  // step's end): in the way at every offset their layouts place it, at its
+  // slot's size, for the whole step, whether or not a block stands there
+  // now (it may have been served dynamically in the step this plan is made
+  // from).
   for (const auto& [okey, trace] : last_by_key_) {
     if (!prev_ || okey == key_ || !trace || trace->step <= prev_->step) continue;
     for (const auto& l : layouts_) {
       if (l->key != okey || l->stream != stream) continue;
       for (std::size_t q = 0; q < l->slots.size(); ++q) {
         const PlannedBuffer& sl = l->slots[q];
-        if (sl.dynamic || sl.upper <= l->horizon) continue;
-        const bool died_here = std::any_of(cur.foreign_frees.begin(), cur.foreign_frees.end(),
-                                           [&](const StepTrace::ForeignFree& f) {
-                                             return f.step == trace->step && f.seq == static_cast<std::int64_t>(q);
-                                           });
-        if (died_here) continue;
+        if (sl.dynamic || sl.upper < l->horizon) continue;  // not live at its end
+        // One that died in this step (its foreign free) is in the way until
+        // then, at its slots' offsets too: in the step this plan is made
+        // from it may have stood elsewhere (its key's step before a layout).
+        const auto died = std::find_if(cur.foreign_frees.begin(), cur.foreign_frees.end(),
+                                       [&](const StepTrace::ForeignFree& f) {
+                                         return f.step == trace->step && f.seq == static_cast<std::int64_t>(q);
+                                       });
+        const bool died_here = died != cur.foreign_frees.end();
+        if (died_here && died->time <= 0) continue;
         std::uint64_t at[4] = {sl.offset[0], sl.offset[1], kNoTwin, kNoTwin};
         if (l->bridging && l->next_offsets.size() == 2 * l->slots.size()) {
           at[2] = l->next_offsets[2 * q];
@@ -1859,8 +1864,17 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
         }
         for (int a = 0; a < 4; ++a) {
           if (at[a] == kNoTwin || std::find(at, at + a, at[a]) != at + a) continue;
-          problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, 0, fixed_upper});
+          if (!died_here) {
+            problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, 0, fixed_upper});
+            ++boundary_fixed;
+            continue;
+          }
+          problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, 0, died->time});
           ++boundary_fixed;
+          if (period == 2 * horizon) {
+            problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, horizon, horizon + died->time});
+            ++boundary_fixed;
+          }
         }
       }
     }
