@@ -206,3 +206,50 @@ def test_first_replay_after_an_outgrown_step_does_not_conflict(C, seed):
     r = loop.arena.stats()["renaissance"]
     assert r["plans"] >= 1
     assert r["planned_conflicts"] == 0, r
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_third_longer_length_is_grown_from_the_two_planned_ones(C, seed):
+    # `generate` over prompts of 16, 64, then 128 tokens: the plan is made
+    # from the first two steps, and the third is longer than both. Its sizes
+    # are predicted from the two planned lengths (both are variants of the
+    # layout, and every size grew from the first to the second) and the rest
+    # of it is planned as it runs: it misses, and nothing of it is left to
+    # the dynamic pool (a size the two lengths predict short, a quadratic one,
+    # may miss alone: one in seed 1). Before: the plan's one variant gave no
+    # model, and the rest of the step ran dynamically (HF GPT-2 generate: hit
+    # rate 90%).
+    loop = _VarLoop(C, random.Random(seed), plan_budget_ms=0)
+    for n in (32, 128):
+        loop.step(n)
+    r = loop.arena.stats()["renaissance"]
+    assert r["plans"] == 1 and r["variants"] == 2, r
+    loop.step(256)
+    r = loop.arena.stats()["renaissance"]
+    assert 1 <= r["planned_misses"] <= 2, r
+    assert r["planned_unserved"] == 0 and r["planned_grown"] > 0, r
+    assert r["planned_requests"] - r["planned_hits"] <= 1, r   # the first miss is served grown
+    assert r["planned_conflicts"] == 0, r
+    loop.arena.check_invariants()
+
+
+def test_two_lengths_whose_sizes_do_not_grow_together_are_not_grown(C):
+    # Sizes that do not follow one length (eager MoE: each expert's token
+    # count on its own): between the two planned steps one size grows and
+    # another shrinks. A third step that outgrows the layout is not predicted
+    # from them: the rest of it runs dynamically, as before.
+    a = C.Arena(C.HostDevice(), plan_budget_ms=0)
+
+    def step(sizes):
+        a.begin_step()
+        ps = [a.allocate(s) for s in sizes]
+        for p in ps:
+            a.deallocate(p)
+        a.end_step()
+
+    step([64 * KiB, 256 * KiB, 32 * KiB])
+    step([128 * KiB, 128 * KiB, 32 * KiB])      # the first grows, the second shrinks
+    step([256 * KiB, 64 * KiB, 32 * KiB])
+    r = a.stats()["renaissance"]
+    assert r["planned_misses"] == 1 and r["planned_grown"] == 0 and r["planned_unserved"] > 0, r
+    a.check_invariants()

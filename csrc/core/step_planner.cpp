@@ -316,7 +316,24 @@ bool StepPlanner::grow_plan(std::size_t i, std::size_t rounded) {
     }
     if (off > kGrowFit * total) return false;
   }
-  if (checked == 0) return false;
+  // With only the two variants that give the exponents (the third length a
+  // loop meets: `generate` over prompts of 16, 64, then 128 tokens), nothing
+  // between them tests the model; sizes that follow one length at least all
+  // grow together: no planned position is smaller in the variant that is
+  // largest at position i than in the one that is smallest there. Routing
+  // that varies per expert (eager MoE) makes some counts shrink as others
+  // grow: refused, as before.
+  if (checked == 0) {
+    const std::vector<std::size_t>* top = nullptr;
+    for (const Variant& v : variants_) {
+      if (v.layout != active_ || v.sizes.size() != n) continue;
+      if (!top || v.sizes[i] > (*top)[i]) top = &v.sizes;
+    }
+    if (!top || top == lo || (*top)[i] <= (*lo)[i]) return false;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (!l.slots[k].dynamic && (*top)[k] < (*lo)[k]) return false;
+    }
+  }
   const std::size_t unit = view_.unit;
   const std::int64_t T = l.horizon;
   const std::int64_t now = l.slots[i].lower;
@@ -1898,6 +1915,17 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   job->problem = std::move(problem);
   job->slots = std::move(slots);
   job->index = std::move(index);
+  if (prev_ && prev_->entries.size() == cur.entries.size()) {  // prev_: this key's step before
+    bool same_streams = true, other = false;
+    for (std::size_t k = 0; k < cur.entries.size() && same_streams; ++k) {
+      same_streams = prev_->entries[k].stream == cur.entries[k].stream;
+      other = other || prev_->entries[k].size != cur.entries[k].size;
+    }
+    if (same_streams && other) {
+      job->prev_sizes.reserve(prev_->entries.size());
+      for (const TraceRecord& e : prev_->entries) job->prev_sizes.push_back(e.size);
+    }
+  }
   job->sizes = std::move(sizes);
   job->target = target;
   job->horizon = horizon;
@@ -2264,6 +2292,13 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   // remember_variant matches the open step's key; this variant is job->key's.
   const std::uint64_t open_key = key_;
   key_ = job->key;
+  if (job->prev_sizes.size() == layout->slots.size()) {
+    bool fit = true;
+    for (std::size_t k = 0; k < layout->slots.size() && fit; ++k) {
+      fit = layout->slots[k].dynamic || job->prev_sizes[k] <= layout->slots[k].size;
+    }
+    if (fit) remember_variant(layout, std::move(job->prev_sizes));
+  }
   remember_variant(layout, std::move(job->sizes));
   key_ = open_key;
   // The plan takes the live-outs of the step it was made from for phase 1's

@@ -717,6 +717,10 @@ struct StepPlanJob {
   std::vector<StepPlanner::PlannedBuffer> slots;
   std::vector<std::size_t> index;  // problem buffer -> slot
   std::vector<std::size_t> sizes;  // the variant's size sequence
+  // The sizes of the step before it (of the same count and streams, other
+  // sizes): a variant of the layout too where they fit its slots, so that
+  // a longer step than both has two lengths to predict from (grow_plan).
+  std::vector<std::size_t> prev_sizes;
   StepPlanner::Layout* target = nullptr;  // the layout it merges into (may be gone at install)
   std::int64_t horizon = 0;
   std::uint64_t key = 0;
