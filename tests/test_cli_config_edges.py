@@ -234,6 +234,8 @@ def test_run_step_on_the_program_itself_is_refused_before_it_runs(tmp_path, targ
     assert not report.exists()  # run made it empty for a run that did not happen
     assert "the script was not run" in r.stderr and "memory report" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # The option is named once (it read "--step-on: step_on: ..." before).
+    assert r.stderr.startswith("torch-renaissance run: --step-on: ") and "step_on:" not in r.stderr, r.stderr
     if target in ("serve.serve", "__main__.serve", "serve.K.go"):
         assert "mark its steps with torch_renaissance.step()" in r.stderr
 

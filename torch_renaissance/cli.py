@@ -450,7 +450,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         code = 130  # as python does on Ctrl-C
     except ValueError as e:
         if str(e).startswith("step_on:") and not ran[0]:
-            print(f"torch-renaissance run: --step-on: {e}; the script was not run", file=sys.stderr)
+            why = str(e)[len("step_on:"):].lstrip()  # the option names it once
+            print(f"torch-renaissance run: --step-on: {why}; the script was not run", file=sys.stderr)
             code = 2
             refused = True
         else:
