@@ -275,10 +275,13 @@ bool StepPlanner::grow_plan(std::size_t i, std::size_t rounded) {
   // The slots' sizes (the longest length planned) and the variant of the
   // layout shortest at position i: the two give each position's exponent
   // relative to position i's.
+  // `top`: the variant largest at position i (grow_plan's check with two).
   const std::vector<std::size_t>* lo = nullptr;
+  const std::vector<std::size_t>* top = nullptr;
   for (const Variant& v : variants_) {
     if (v.layout != active_ || v.sizes.size() != n) continue;
     if (!lo || v.sizes[i] < (*lo)[i]) lo = &v.sizes;
+    if (!top || v.sizes[i] > (*top)[i]) top = &v.sizes;
   }
   std::vector<std::size_t> hi(n);
   for (std::size_t k = 0; k < n; ++k) hi[k] = l.slots[k].size;
@@ -324,11 +327,6 @@ bool StepPlanner::grow_plan(std::size_t i, std::size_t rounded) {
   // that varies per expert (eager MoE) makes some counts shrink as others
   // grow: refused, as before.
   if (checked == 0) {
-    const std::vector<std::size_t>* top = nullptr;
-    for (const Variant& v : variants_) {
-      if (v.layout != active_ || v.sizes.size() != n) continue;
-      if (!top || v.sizes[i] > (*top)[i]) top = &v.sizes;
-    }
     if (!top || top == lo || (*top)[i] <= (*lo)[i]) return false;
     for (std::size_t k = 0; k < n; ++k) {
       if (!l.slots[k].dynamic && (*top)[k] < (*lo)[k]) return false;
@@ -1022,36 +1020,38 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   return job;
 }
 
-std::uint64_t StepPlanner::twin_offset(std::uint64_t step, std::int64_t seq, std::uint64_t at) const {
+const StepPlanner::PlannedBuffer* StepPlanner::placed_slot(std::uint64_t step, std::int64_t seq,
+                                                          std::uint64_t at, int* phases) const {
   // The block's step is the last one of its key (an older one's layout may
   // be gone); its key's current layout placed it when `at` is one of the
   // slot's two offsets.
-  if (step == 0 || seq < 0) return kNoTwin;
+  if (step == 0 || seq < 0) return nullptr;
   for (const auto& [key, trace] : last_by_key_) {
     if (trace->step != step) continue;
     const Layout* l = most_recent_layout(&key);
-    if (!l || l->phases != 2 || static_cast<std::size_t>(seq) >= l->slots.size()) return kNoTwin;
+    if (!l || static_cast<std::size_t>(seq) >= l->slots.size()) return nullptr;
     const PlannedBuffer& s = l->slots[static_cast<std::size_t>(seq)];
-    if (s.dynamic || s.offset[0] == s.offset[1]) return kNoTwin;
-    if (at == s.offset[0]) return s.offset[1];
-    if (at == s.offset[1]) return s.offset[0];
-    return kNoTwin;
+    if (phases) *phases = l->phases;
+    return !s.dynamic && (at == s.offset[0] || at == s.offset[1]) ? &s : nullptr;
   }
-  return kNoTwin;
+  return nullptr;
+}
+
+std::uint64_t StepPlanner::twin_offset(std::uint64_t step, std::int64_t seq, std::uint64_t at) const {
+  int phases = 1;
+  const PlannedBuffer* s = placed_slot(step, seq, at, &phases);
+  if (!s || phases != 2 || s->offset[0] == s->offset[1]) return kNoTwin;
+  return at == s->offset[0] ? s->offset[1] : s->offset[0];
 }
 
 std::size_t StepPlanner::slot_extent(std::uint64_t step, std::int64_t seq, std::uint64_t at,
                                      std::size_t size) const {
-  if (step == 0 || seq < 0) return size;
-  for (const auto& [key, trace] : last_by_key_) {
-    if (trace->step != step) continue;
-    const Layout* l = most_recent_layout(&key);
-    if (!l || static_cast<std::size_t>(seq) >= l->slots.size()) return size;
-    const PlannedBuffer& s = l->slots[static_cast<std::size_t>(seq)];
-    if (s.dynamic || (at != s.offset[0] && at != s.offset[1])) return size;
-    return std::max(size, s.size);
-  }
-  return size;
+  const PlannedBuffer* s = placed_slot(step, seq, at);
+  return s ? std::max(size, s->size) : size;
+}
+
+bool StepPlanner::ran_since_prev(std::uint64_t key, const StepTrace* trace) const {
+  return prev_ && key != key_ && trace && trace->step > prev_->step;
 }
 
 bool StepPlanner::book_replay(Layout& l, bool missed) {
@@ -1195,18 +1195,6 @@ bool StepPlanner::obstacles_gone(const Layout& l) const {
     }
   }
   return now * 2 <= l.lasting;
-}
-
-std::size_t StepPlanner::other_keys_top(StreamId stream) const {
-  if (!prev_ || !cur_) return 0;
-  std::size_t top = 0;
-  for (const auto& [key, trace] : last_by_key_) {
-    if (key == key_ || !trace || trace->step <= prev_->step) continue;
-    for (const auto& l : layouts_) {
-      if (l->key == key && l->stream == stream) top = std::max(top, std::max(l->top, l->next_top));
-    }
-  }
-  return top;
 }
 
 bool StepPlanner::kept_dynamic_but_cyclic(const Layout& l) const {
@@ -1842,14 +1830,6 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   const std::size_t obstacle_bytes =
       collect_obstacles(slots, index, horizon, fixed_upper, stream, problem, pins, persistent, keep_live_outs);
 
-  // What lives across the step's end lives through the other keys' steps
-  // that run before this key's next one (a serving loop: the request made
-  // between calls, live through the call): kept above their layouts, where
-  // none of their planned buffers is. Else a plan of this key put it inside
-  // space a call's layout planned before it stood there: the call conflicts
-  // (HF GPT-2 generate over prompts of 16/64/128 tokens: 9 conflicts, hit
-  // rate 90%). An obstacle at the step's last tick (and the second phase's)
-  // meets exactly what is live at the step's end.
   std::size_t boundary_fixed = 0;
   // What those keys' layouts keep live at their steps' ends lives into this
   // step (the request made between calls, live through the call; a keyed
@@ -1858,10 +1838,12 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   // slot's size, for the whole step, whether or not a block stands there
   // now (it may have been served dynamically in the step this plan is made
   // from).
+  std::size_t above = 0;  // the highest top of those layouts (the rule below)
   for (const auto& [okey, trace] : last_by_key_) {
-    if (!prev_ || okey == key_ || !trace || trace->step <= prev_->step) continue;
+    if (!ran_since_prev(okey, trace.get())) continue;
     for (const auto& l : layouts_) {
       if (l->key != okey || l->stream != stream) continue;
+      above = std::max(above, std::max(l->top, l->next_top));
       for (std::size_t q = 0; q < l->slots.size(); ++q) {
         const PlannedBuffer& sl = l->slots[q];
         if (sl.dynamic || sl.upper < l->horizon) continue;  // not live at its end
@@ -1879,16 +1861,12 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
           at[2] = l->next_offsets[2 * q];
           at[3] = l->next_offsets[2 * q + 1];
         }
+        const std::int64_t until = died_here ? died->time : fixed_upper;
         for (int a = 0; a < 4; ++a) {
           if (at[a] == kNoTwin || std::find(at, at + a, at[a]) != at + a) continue;
-          if (!died_here) {
-            problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, 0, fixed_upper});
-            ++boundary_fixed;
-            continue;
-          }
-          problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, 0, died->time});
+          problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, 0, until});
           ++boundary_fixed;
-          if (period == 2 * horizon) {
+          if (died_here && period == 2 * horizon) {  // at the start of either phase's step
             problem.fixed.push_back(planner::FixedBuffer{at[a], sl.size, horizon, horizon + died->time});
             ++boundary_fixed;
           }
@@ -1896,14 +1874,20 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
       }
     }
   }
-  if (period > 0) {
-    if (const std::size_t above = other_keys_top(stream); above > 0) {
-      problem.fixed.push_back(planner::FixedBuffer{0, above, horizon - 1, horizon});
+  // What lives across the step's end lives through the other keys' steps
+  // that run before this key's next one (a serving loop: the request made
+  // between calls, live through the call): kept above their layouts, where
+  // none of their planned buffers is. Else a plan of this key put it inside
+  // space a call's layout planned before it stood there: the call conflicts
+  // (HF GPT-2 generate over prompts of 16/64/128 tokens: 9 conflicts, hit
+  // rate 90%). An obstacle at the step's last tick (and the second phase's)
+  // meets exactly what is live at the step's end.
+  if (period > 0 && above > 0) {
+    problem.fixed.push_back(planner::FixedBuffer{0, above, horizon - 1, horizon});
+    ++boundary_fixed;
+    if (period == 2 * horizon) {
+      problem.fixed.push_back(planner::FixedBuffer{0, above, 2 * horizon - 1, 2 * horizon});
       ++boundary_fixed;
-      if (period == 2 * horizon) {
-        problem.fixed.push_back(planner::FixedBuffer{0, above, 2 * horizon - 1, 2 * horizon});
-        ++boundary_fixed;
-      }
     }
   }
 

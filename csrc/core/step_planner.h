@@ -485,11 +485,10 @@ class StepPlanner {
   // at least an eighth of its top). Then a re-plan without them lowers the
   // territory. O(blocks under the top), only for such layouts.
   bool obstacles_gone(const Layout& l) const;
-  // The highest top of the layouts on `stream` of the keys other than the
-  // open step's whose steps ran since its key's previous step (0: none).
-  // What this step keeps live at its end lives through their steps, so its
-  // plan keeps those live-outs above that (plan_step). O(keys + layouts).
-  std::size_t other_keys_top(StreamId stream) const;
+  // Whether `key`'s last step (`trace`) ran since the open step's key's
+  // previous step (so what it keeps live meets this step): the keys whose
+  // layouts plan_step keeps this step's plan out of.
+  bool ran_since_prev(std::uint64_t key, const StepTrace* trace) const;
   // Whether layout `l` serves dynamically a live-out of the open step that a
   // plan made now would plan: its instance of the step before died during
   // this step. The plan judged it persistent because, in the steps it was
@@ -685,6 +684,12 @@ class StepPlanner {
   // kNoTwin when there is none (not placed by such a layout).
   static constexpr std::uint64_t kNoTwin = ~std::uint64_t(0);
   std::uint64_t twin_offset(std::uint64_t step, std::int64_t seq, std::uint64_t at) const;
+  // The slot of its key's current layout that placed a block of step `step`
+  // (request `seq`) at offset `at` (either phase), and that layout's phases
+  // in `phases` when given; nullptr when none did. What twin_offset and
+  // slot_extent read.
+  const PlannedBuffer* placed_slot(std::uint64_t step, std::int64_t seq, std::uint64_t at,
+                                   int* phases = nullptr) const;
   // Its slot's size there (the largest over the layout's variants) where its
   // key's layout placed it at `at` (either phase), else `size`, if larger:
   // the next instances stand there at up to that size (a request between a
@@ -727,7 +732,7 @@ struct StepPlanJob {
   StreamId stream = 0;
   std::size_t step_load = 0, obstacle_bytes = 0, persistent = 0;
   // The last `boundary_fixed` of problem.fixed: other keys' layouts (their
-  // live-outs' slots, their tops at the step's end; see plan_step), no
+  // live-outs' slots, their highest top at the step's end; see plan_step), no
   // blocks: not obstacles in the layout's books.
   std::size_t boundary_fixed = 0;
   std::size_t variant_load = 0;  // LOAD of the steps it holds (the larger of own and target's)
