@@ -4,7 +4,8 @@ Each row runs ``benchmarks/models/hf_train.py`` (an ordinary loop: ``out = model
 ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()``) alternately with plain ``python``
 (PyTorch's default CPU allocator) and under ``torch-renaissance run --report``, ``--repeats``
 times each, and prints: losses bit-identical, plan hit rate, address stability, peak reserved /
-peak allocated for the whole run and for the steady state (after the recorded steps and each plan's first replay), the
+peak allocated for the whole run and for the steady state (after the recorded steps and each plan's first replay),
+the plans made and the planner's time over the run (on the training thread, at the steps that make them), the
 wall-time ratio of the whole processes (ours / PyTorch's, medians of the alternated runs; imports
 and model building included) and peak RSS of both.
 
@@ -108,7 +109,8 @@ def main() -> int:
     rows = []
     fmt = lambda v, f="{:.3f}": "n/a" if v is None else f.format(v)
     print(f"{'row':<14} {'losses':<10} {'hit rate':>8} {'stab':>6} {'res/alloc':>9} {'steady':>7} "
-          f"{'variants':>8} {'confl':>5} {'wall ours/pt':>12} {'RSS ours':>9} {'RSS pt':>8}")
+          f"{'variants':>8} {'confl':>5} {'plans':>5} {'plan s':>6} {'wall ours/pt':>12} {'RSS ours':>9} "
+          f"{'RSS pt':>8}")
     for name in a.rows.split(","):
         r = run_row(name, a.steps, a.repeats)
         rows.append(r)
@@ -119,7 +121,7 @@ def main() -> int:
               f"{fmt(None if rep['address_stability'] is None else 100 * rep['address_stability'], '{:.1f}%'):>6} "
               f"{fmt(rep['peak_reserved_over_peak_allocated']):>9} "
               f"{fmt(rep['steady_peak_reserved_over_peak_allocated']):>7} {rep['variants']:>8} {rep['plan_conflicts']:>5} "
-              f"{r['wall_ratio']:>12.3f} {r['rss_ours'] / 2**20:>8.0f}M {r['rss_base'] / 2**20:>7.0f}M", flush=True)
+              f"{rep['plans']:>5} {rep['plan_seconds']:>6.2f} {r['wall_ratio']:>12.3f} {r['rss_ours'] / 2**20:>8.0f}M {r['rss_base'] / 2**20:>7.0f}M", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -88,8 +88,8 @@ inline constexpr Key kConfigKeys[] = {
     {"max_variants", Type::kUInt, "count", "8", 1, 1048576.0, nullptr, nullptr, 1.0,
      "variants (shape sets) kept, least recently used out"},
     {"plan_budget_ms", Type::kUInt, "ms", "250", 0, 3600000.0, nullptr, nullptr, 1.0,
-     "planner budget per plan, in wall time (plans are deterministic unless the clock stops "
-     "the search)"},
+     "planner budget per planner call, in wall time (plans are deterministic unless the clock "
+     "stops the search; a step's plan with a bridge or pins makes several calls, above)"},
     {"plan_budget_seconds", Type::kFloat, "s", "0.25", 0, 3600.0, nullptr, "plan_budget_ms",
      1000.0, "the planner budget in seconds; the same budget as plan_budget_ms"},
     {"range_bytes", Type::kUInt, "bytes", "0", 0, 281474976710656.0 /* 2**48 */, nullptr,

@@ -1339,6 +1339,19 @@ bool in_way_of(const StepPlanJob::PinCandidate& c, const planner::Buffer& b, std
   return early && c.at < offset + b.size && offset < c.at + c.bytes;
 }
 
+// The first replay's bridges (plan_bridge) answer a question, "does one fit
+// in the room?", and get this share of the job's budget (plan_budget_ms, or
+// a refine's multiple of it). Those that fit reached their bound within 5-25
+// ms of work on the HF models; those that did not took the whole budget
+// each (two per job, on the training thread inside end_step()).
+constexpr double kBridgeShare = 0.25;
+planner::Options bridge_options(const planner::Options& options) {
+  planner::Options o = options;
+  o.budget_seconds = options.budget_seconds * kBridgeShare;
+  o.clock_seconds = -1.0;
+  return o;
+}
+
 // Plans `problem` with the pinned buffers (pinned[k] != kNotPinned) turned
 // into obstacles at their offsets; the offsets returned cover every buffer.
 planner::Result solve_pinned(const planner::Problem& problem, const std::vector<std::uint64_t>& pinned,
@@ -1360,6 +1373,67 @@ planner::Result solve_pinned(const planner::Problem& problem, const std::vector<
     offsets[k] = pinned[k] == StepPlanJob::kNotPinned ? res.offsets[j++] : pinned[k];
   }
   res.offsets = std::move(offsets);
+  return res;
+}
+
+// A plan around newly pinned buffers made from `prev` (a plan of `problem`
+// around the earlier pins) by moving only what they now collide with: every
+// other buffer keeps its offset, as an obstacle; the buffers in the way
+// (in time and bytes) of a pin in `fresh` are planned around them with
+// `options`. Re-planning the whole problem instead (what the pin rounds did)
+// moved buffers everywhere, so each round could land on live-outs that had
+// been clear and the rounds went on: 2-6 of them on the HF models, each a
+// whole budget on the training thread inside end_step() (T5: 3.3 s of
+// planning for a 0.25 s budget). The result's lower bound stays `prev`'s
+// (pins only add constraints). Falls back to solve_pinned when the merged
+// plan is not valid (pins colliding with one another).
+constexpr std::uint64_t kRepairGrowth = 64;
+planner::Result repair_pinned(const planner::Problem& problem, const std::vector<std::uint64_t>& pinned,
+                              const std::vector<std::size_t>& fresh, const planner::Result& prev,
+                              const planner::Options& options) {
+  const std::int64_t period = problem.period;
+  const std::size_t n = problem.buffers.size();
+  std::vector<char> moves(n, 0);
+  for (std::size_t k : fresh) {
+    const planner::Buffer& a = problem.buffers[k];
+    const Pieces pa = pieces(a.lower, a.upper, period);
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j == k || pinned[j] != StepPlanJob::kNotPinned) continue;
+      const planner::Buffer& b = problem.buffers[j];
+      if (pinned[k] < prev.offsets[j] + b.size && prev.offsets[j] < pinned[k] + a.size &&
+          overlap_in_time(pa, pieces(b.lower, b.upper, period))) {
+        moves[j] = 1;
+      }
+    }
+  }
+  planner::Problem p;
+  p.period = period;
+  p.fixed = problem.fixed;
+  for (std::size_t k = 0; k < n; ++k) {
+    const planner::Buffer& b = problem.buffers[k];
+    if (moves[k]) {
+      p.buffers.push_back(b);
+    } else {
+      const std::uint64_t at = pinned[k] != StepPlanJob::kNotPinned ? pinned[k] : prev.offsets[k];
+      p.fixed.push_back(planner::FixedBuffer{at, b.size, b.lower, b.upper});
+    }
+  }
+  planner::Result res = p.buffers.empty() ? prev : planner::plan(p, options);
+  std::vector<std::uint64_t> offsets(n);
+  for (std::size_t k = 0, j = 0; k < n; ++k) {
+    offsets[k] = moves[k] ? res.offsets[j++]
+                 : pinned[k] != StepPlanJob::kNotPinned ? pinned[k] : prev.offsets[k];
+  }
+  if (!planner::validate(problem, offsets).empty()) return solve_pinned(problem, pinned, options);
+  res.offsets = std::move(offsets);
+  res.size = 0;
+  for (std::size_t k = 0; k < n; ++k) res.size = std::max(res.size, res.offsets[k] + problem.buffers[k].size);
+  for (const planner::FixedBuffer& f : problem.fixed) res.size = std::max(res.size, f.offset + f.size);
+  res.lower_bound = prev.lower_bound;
+  res.load = prev.load;
+  res.greedy_size = prev.greedy_size;
+  res.optimal = res.size <= res.lower_bound;
+  res.method = "pin_repair";
   return res;
 }
 
@@ -1975,8 +2049,9 @@ planner::Result plan_pinning(const planner::Problem& problem,
   // logits planned onto the recorded ones, a conflict in the first replay
   // on one run in five). So check again after each plan until no candidate
   // is hit: each round pins at least one more, at most one per candidate.
+  std::vector<std::size_t> fresh;
   for (std::size_t round = 0; round <= candidates.size(); ++round) {
-    bool more = false;
+    fresh.clear();
     for (const StepPlanJob::PinCandidate& c : candidates) {
       const std::size_t own = buffer_of[c.k];
       if (pinned[own] != StepPlanJob::kNotPinned) continue;
@@ -1986,11 +2061,24 @@ planner::Result plan_pinning(const planner::Problem& problem,
       }
       if (hit) {
         pinned[own] = c.at;
-        more = true;
+        fresh.push_back(own);
       }
     }
-    if (!more) break;
-    r = solve_pinned(problem, pinned, options);
+    if (fresh.empty()) break;
+    // The first pins (those in the way of the plan made without any) get a
+    // whole plan around them; later rounds' few a repair, or a whole plan
+    // when the repair grew the plan by more than 1/kRepairGrowth (a large
+    // buffer that no hole takes went on top: HF Llama's second round, 162.0
+    // -> 178.4 MB, where a whole plan was at its bound, 159.7 MB).
+    if (round == 0) {
+      r = solve_pinned(problem, pinned, options);
+    } else {
+      const std::uint64_t before = r.size;
+      planner::Result repaired = repair_pinned(problem, pinned, fresh, r, options);
+      r = repaired.size - std::min(repaired.size, before) > before / kRepairGrowth
+              ? solve_pinned(problem, pinned, options)
+              : std::move(repaired);
+    }
   }
   // Pins can cost a few % of the plan (HF Llama: 41.3 instead of 39.1 MiB)
   // on every step. Tried: keeping the plan without them when they cost more
@@ -2113,10 +2201,8 @@ void StepPlanner::run(PlanJob& job) {
     for (const StepPlanJob::PinCandidate& c : job.pin_candidates) {
       if (job.pinned[recorded[c.k]] == StepPlanJob::kNotPinned) job.pinned[recorded[c.k]] = c.at;
     }
-    job.result = solve_pinned(job.problem, job.pinned, job.options);
-  } else {
-    job.result = solve_pinned(job.problem, job.pinned, job.options);
   }
+  job.result = solve_pinned(job.problem, job.pinned, job.options);
   // The recorded step's live-outs stand where the dynamic pool put them
   // until they die in the first replay. Where one is in the way of what
   // that replay places (unless pinned), the first replay gets a bridge and
@@ -2132,13 +2218,13 @@ void StepPlanner::run(PlanJob& job) {
     planner::Result aligned = job.result;
     if (job.phases == 2) align_phases(job.problem, n, job.pinned, {}, recorded, aligned.offsets);
     planner::Result b = plan_bridge(job.problem, n, job.horizon, job.pin_candidates, aligned.offsets,
-                                    job.room, job.options);
+                                    job.room, bridge_options(job.options));
     job.bridge_next_phase = 0;
     if (b.size > job.room && job.phases == 2) {
       // No room around the next step's phase 0: try its phase 1 (the
       // bridge's live-outs at phase 0's positions).
       planner::Result b1 = plan_bridge(job.problem, n, job.horizon, job.pin_candidates, aligned.offsets,
-                                       job.room, job.options, 1);
+                                       job.room, bridge_options(job.options), 1);
       if (b1.size <= job.room) {
         b = std::move(b1);
         job.bridge_next_phase = 1;
