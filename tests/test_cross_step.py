@@ -295,13 +295,17 @@ def test_first_replay_runs_into_no_recorded_live_out(C, seed):
     # check is repeated until nothing is in the way: before, a buffer moved
     # onto a live-out that had not been in the way (HF GPT-2's new logits on
     # the recorded ones), a conflict in the first replay.
-    loop = _GradLoop(C, random.Random(1000 + seed))
+    _assert_first_replays_clear(_GradLoop(C, random.Random(1000 + seed)))
+
+
+def _assert_first_replays_clear(loop):
+    """Eight steps of ``loop``: one plan, and a refine where the first was
+    pinned or over its bound (docs/design.md: installed only when lower);
+    neither's first replay runs into a live-out, and the last step is all
+    hits."""
     for _ in range(8):
         loop.step()
     _, _, r = _stats(loop.arena)
-    # One plan, and a refine where the first was pinned or over its bound
-    # (docs/design.md: installed only when lower); neither's first replay
-    # runs into a live-out.
     assert r["plans"] <= 2 and r["planned_steps"] == 6, r
     assert r["planned_conflicts"] == 0 and r["planned_misses"] == 0, r
     assert r["last_step_hits"] == r["last_step_allocations"]
@@ -350,13 +354,7 @@ def test_pins_after_the_first_round_repair_the_plan_without_a_conflict(C, seed):
     # every recorded live-out's way in the first replay, and the plan must be
     # valid (check_invariants after every step; replay places nothing over a
     # live block).
-    loop = _MultiOutLoop(C, random.Random(seed))
-    for _ in range(8):
-        loop.step()
-    _, _, r = _stats(loop.arena)
-    assert r["plans"] <= 2 and r["planned_steps"] == 6, r
-    assert r["planned_conflicts"] == 0 and r["planned_misses"] == 0, r
-    assert r["last_step_hits"] == r["last_step_allocations"]
+    _assert_first_replays_clear(_MultiOutLoop(C, random.Random(seed)))
 
 
 class _JitterLoop(_Loop):
