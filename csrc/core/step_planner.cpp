@@ -1348,7 +1348,8 @@ constexpr double kBridgeShare = 0.25;
 planner::Options bridge_options(const planner::Options& options) {
   planner::Options o = options;
   o.budget_seconds = options.budget_seconds * kBridgeShare;
-  o.clock_seconds = -1.0;
+  // The clock: the same share (none stays none; < 0 follows the budget).
+  if (o.clock_seconds > 0) o.clock_seconds *= kBridgeShare;
   return o;
 }
 
