@@ -86,7 +86,8 @@ constexpr double kFloorClockFactor = 2.0;
 // check, would run past the deadline (the budget overruns of issue 12 on
 // large instances at small budgets under load): the sweep alone makes the
 // plan then, before the deadline. A clock decision, so that plan depends on
-// the machine.
+// the machine. A build's time here is the smaller of the build's and the
+// first sweep's (pace_seconds in plan_with_stop).
 constexpr double kBaselineBuilds = 8.0;
 // The hard stop (planner_stop.h) comes kHardSlackSeconds after the end of
 // the budget, so that the soft deadline (Work) normally ends the search and
@@ -524,15 +525,36 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
   const double units =
       std::min(std::max(options.budget_seconds * kUnitsPerSecond, floor_units), 1e18);
   const auto limit = static_cast<std::uint64_t>(units);
-  // The tail (the final check, a last sweep) is kept in two parts: the
-  // deadline is kTailPerBuild times what building the instance took before
-  // the budget's end (both sort and sweep every piece, and the build shows
-  // how slow, or loaded, the machine is right now), and every phase keeps
-  // time for kTailUnitsPerItem * N log N units more at the rate of wall time
-  // per unit seen so far (Work::reserve_tail), so that it adapts to the
-  // load as the search goes.
   const double build_seconds = seconds_since(t0);
-  const double tail = std::max(kTailSecondsMin, kTailPerBuild * build_seconds);
+  // The plan that can always be returned: the sweep (O(N log N), no budget
+  // skips it), checked now. Everything after it polls the hard stop and may
+  // be interrupted anywhere; this plan is returned then.
+  const auto sweep_start = std::chrono::steady_clock::now();
+  const SweepPlan sweep = make_sweep(inst);
+  const double sweep_seconds = seconds_since(sweep_start);
+  Best safe;
+  safe.offer(sweep.height, sweep.offsets, "sweep_best_fit");
+  Result safe_result = make_result(problem, inst, safe, 0);
+  const auto check_start = std::chrono::steady_clock::now();
+  if (!sweep_check(problem, safe_result.offsets).empty()) {
+    throw std::logic_error("planner: produced an invalid plan (bug)");
+  }
+  const double check_seconds = seconds_since(check_start);
+  // How slow, or loaded, the machine is right now: the build and the sweep
+  // each take about one build's time; the smaller of the two, so that one
+  // wait for a core in either (a few milliseconds each, on a machine with
+  // more runnable threads than cores) does not stand for the whole call.
+  // Taken from the build alone, one such wait in a 0.4 ms build put a
+  // 2,220-buffer step plan in sweep-only mode (below) at 0.25 s: 20.7%
+  // over LOAD instead of at it.
+  const double pace_seconds = std::min(build_seconds, sweep_seconds);
+  // The tail (the final check, a last sweep) is kept in two parts: the
+  // deadline is kTailPerBuild times that time before the budget's end (both
+  // sort and sweep every piece), and every phase keeps time for
+  // kTailUnitsPerItem * N log N units more at the rate of wall time per unit
+  // seen so far (Work::reserve_tail), so that it adapts to the load as the
+  // search goes.
+  const double tail = std::max(kTailSecondsMin, kTailPerBuild * pace_seconds);
   const auto tail_units =
       static_cast<std::uint64_t>(kTailUnitsPerItem * items * std::log2(items + 2));
   const double wall = options.clock_seconds < 0 ? options.budget_seconds : options.clock_seconds;
@@ -549,19 +571,6 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
     return t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                     std::chrono::duration<double>(seconds));
   };
-
-  // The plan that can always be returned: the sweep (O(N log N), no budget
-  // skips it), checked now. Everything after it polls the hard stop and may
-  // be interrupted anywhere; this plan is returned then.
-  const SweepPlan sweep = make_sweep(inst);
-  Best safe;
-  safe.offer(sweep.height, sweep.offsets, "sweep_best_fit");
-  Result safe_result = make_result(problem, inst, safe, 0);
-  const auto check_start = std::chrono::steady_clock::now();
-  if (!sweep_check(problem, safe_result.offsets).empty()) {
-    throw std::logic_error("planner: produced an invalid plan (bug)");
-  }
-  const double check_seconds = seconds_since(check_start);
   // The hard stop: the end of the wall-clock budget (the soft deadline of
   // Work plus the tail it keeps) and kHardSlackSeconds, or the test's stop.
   // With the clock off, none.
@@ -593,7 +602,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
     const auto reserve =
         static_cast<std::uint64_t>(kSweepUnitsPerItem * items * std::log2(items + 2));
     const bool sweep_only = options.budget_seconds > 0 && options.clock_seconds < 0 &&
-                            clock - build_seconds < kBaselineBuilds * build_seconds;
+                            clock - build_seconds < kBaselineBuilds * pace_seconds;
     greedy_done = run_greedy(inst, placer, work, reserve, tail_units, sweep_only, &sweep, best);
     greedy_height = greedy_done ? best.height : 0;
     work.absorb(no_work);
