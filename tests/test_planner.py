@@ -168,6 +168,46 @@ def test_runtime_plans_are_valid(C):
     arena.check_invariants()
 
 
+def _random_step(arena, seed=7, n=400):
+    """Three recorded steps of ``n`` allocations of seeded sizes (4 KiB multiples); every third
+    allocation frees an earlier one, the rest die at the step's end."""
+    rng = random.Random(seed)
+    sizes = [rng.choice([1, 3, 5, 7, 11]) * 4096 * rng.randint(1, 40) for _ in range(n)]
+    order = list(range(n))
+    rng.shuffle(order)
+    for _ in range(3):
+        arena.begin_step()
+        live = {}
+        for i in range(n):
+            live[i] = arena.allocate(sizes[i])
+            if i % 3 == 2 and order[i] in live and order[i] != i:
+                arena.deallocate(live.pop(order[i]))
+        for p in live.values():
+            arena.deallocate(p)
+        arena.end_step()
+    return arena.last_plan()
+
+
+def test_plan_deterministic_turns_the_clock_off(C):
+    # plan_budget_ms 1 leaves no clock after the planner's tail (at least 4 ms):
+    # the clock stops the search at once, and the sweep's plan (above LOAD here)
+    # is the step's plan. plan_deterministic stops it at the work count only
+    # (the floor's, since 1 ms of work is less): the same plan in every arena,
+    # never "clock", and no taller than the clock's.
+    clocked = _random_step(C.Arena(C.HostDevice(), plan_budget_ms=1))
+    assert clocked["stopped_by"] == "clock", clocked["stopped_by"]
+    plans = [_random_step(C.Arena(C.HostDevice(), plan_budget_ms=1, plan_deterministic=True))
+             for _ in range(2)]
+    for lp in plans:
+        assert lp["stopped_by"] in ("work", "bound", "done"), lp["stopped_by"]
+        check_plan(lp["sizes"], lp["lowers"], lp["uppers"], lp["offsets"], lp["period"], lp["fixed"])
+    assert plans[0]["offsets"] == plans[1]["offsets"]
+
+    def top(lp):
+        return max(o + s for o, s in zip(lp["offsets"], lp["sizes"]))
+    assert top(plans[0]) <= top(clocked)
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "torch_renaissance.cli", "plan", *args],
                           capture_output=True, text=True, env=clean_env(), timeout=300)

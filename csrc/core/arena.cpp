@@ -572,6 +572,11 @@ std::pair<planner::Problem, std::vector<std::uint64_t>> Arena::last_plan() const
   return {steps_->last_problem(), steps_->last_offsets()};
 }
 
+std::string Arena::last_plan_stopped_by() const {
+  Locked g(*this);
+  return steps_ ? steps_->last_stopped_by() : std::string();
+}
+
 StepRecord Arena::last_step() const {
   Locked g(*this);
   return steps_ ? steps_->last_step() : StepRecord{};

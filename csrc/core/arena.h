@@ -317,6 +317,8 @@ class Arena : private TerritoryHost {
   StepRecord last_step() const;
   // The most recent plan's input and output (empty before the first plan).
   std::pair<planner::Problem, std::vector<std::uint64_t>> last_plan() const;
+  // What stopped the search of last_plan() (StepPlanner::last_stopped_by()).
+  std::string last_plan_stopped_by() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
   std::vector<SegmentInfo> snapshot() const;

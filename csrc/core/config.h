@@ -39,6 +39,7 @@ struct ArenaConfig {
   bool planning = true;
   std::size_t max_variants = 8;
   double plan_budget_seconds = 0.25;
+  bool plan_deterministic = false;
   // Pool geometry (PyTorch's defaults).
   std::size_t small_size = std::size_t(1) << 20;
   std::size_t small_segment = std::size_t(2) << 20;
@@ -92,6 +93,10 @@ inline constexpr Key kConfigKeys[] = {
      "stops the search; a step's plan with a bridge or pins makes several calls, above)"},
     {"plan_budget_seconds", Type::kFloat, "s", "0.25", 0, 3600.0, nullptr, "plan_budget_ms",
      1000.0, "the planner budget in seconds; the same budget as plan_budget_ms"},
+    {"plan_deterministic", Type::kBool, "", "False", 0, 0, nullptr, nullptr, 1.0,
+     "the planner stops at its work count only, never at the wall clock: a recorded step gets "
+     "the same plan on every machine and load (a plan then takes as long as that work takes: "
+     "about the budget on an idle reference machine, longer on a slower or loaded one)"},
     {"range_bytes", Type::kUInt, "bytes", "0", 0, 281474976710656.0 /* 2**48 */, nullptr,
      nullptr, 1.0,
      "address space reserved per expandable segment (0: from the device's memory); rounded up "

@@ -1969,6 +1969,11 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   auto job = std::make_unique<PlanJob>();
   job->boundary_fixed = boundary_fixed;
   job->options.budget_seconds = view_.config.plan_budget_seconds;
+  // plan_deterministic: no clock (planner.h), so the work count alone stops
+  // every planner call of the job (bridges, pin rounds, refines included).
+  if (view_.config.plan_deterministic) {
+    job->options.clock_seconds = std::numeric_limits<double>::infinity();
+  }
   job->pinned.assign(problem.buffers.size(), StepPlanJob::kNotPinned);
   share_boundary(slots, index, horizon, phases, target, problem, job->pinned);
   job->problem = std::move(problem);
@@ -2360,6 +2365,7 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
   if (fresh) layouts_.push_back(std::move(fresh));
   last_problem_ = std::move(job->problem);
   last_offsets_ = std::move(r.offsets);
+  last_stopped_by_ = r.stopped_by;
   // remember_variant matches the open step's key; this variant is job->key's.
   const std::uint64_t open_key = key_;
   key_ = job->key;

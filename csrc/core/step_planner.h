@@ -91,6 +91,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <functional>
@@ -223,6 +224,10 @@ class StepPlanner {
   // The problem and offsets of the most recent plan (for tests and tools).
   const planner::Problem& last_problem() const { return last_problem_; }
   const std::vector<std::uint64_t>& last_offsets() const { return last_offsets_; }
+  // What stopped the search of that plan (planner::Result::stopped_by):
+  // "bound", "work", "clock" (only then does it depend on the machine) or
+  // "done"; empty before the first plan.
+  const std::string& last_stopped_by() const { return last_stopped_by_; }
 
  private:
   struct StepTrace : StepRecord {  // entries' sizes rounded; free_time -1: live at the end
@@ -705,6 +710,7 @@ class StepPlanner {
   PlanStats stats_;
   planner::Problem last_problem_;
   std::vector<std::uint64_t> last_offsets_;
+  std::string last_stopped_by_;
 };
 
 // The planner's input and output for one plan: made under the arena's lock

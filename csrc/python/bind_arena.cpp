@@ -234,6 +234,7 @@ void bind_arena(py::module_& m) {
              d["period"] = p.period;
              d["fixed"] = fixed;
              d["offsets"] = offsets;
+             d["stopped_by"] = a.last_plan_stopped_by();
              return d;
            })
       .def("reset_peak_stats", &Arena::reset_peak_stats)
