@@ -429,13 +429,21 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 
 // The constructive portfolio, most useful first. Large instances get the
 // best-fit passes (each pass there costs tens of milliseconds), then two
-// first-fit passes.
-std::vector<Constructive> portfolio(std::uint32_t n) {
-  std::vector<Constructive> p = {
+// first-fit passes. Cyclic instances (an alternating layout's two phases)
+// get best fit by length class first: above the search's cap it took the
+// generated two-phase steps from +2.0-4.1% over LOAD to +0.25% or LOAD
+// (docs/benchmarks.md); on linear ones it found nothing the others did not,
+// and its work cost IOPDDL S 1 the later phases' plan at 1 s (+0.24% ->
+// +1.22%).
+std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
+  std::vector<Constructive> p;
+  if (cyclic) p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class"});
+  const std::vector<Constructive> first = {
       {Order::kLength, Fit::kBest, "best_fit_by_length"},
       {Order::kPressureArea, Fit::kBest, "best_fit_by_pressure_area"},
       {Order::kSizeClass, Fit::kBest, "best_fit_by_size_class"},
   };
+  p.insert(p.end(), first.begin(), first.end());
   if (n <= 20000) {
     p.push_back({Order::kStart, Fit::kBest, "best_fit_by_start"});
     p.push_back({Order::kPressure, Fit::kBest, "best_fit_by_pressure"});
@@ -622,7 +630,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         cyclic_search ? static_cast<std::uint64_t>(kCyclicPassShare * static_cast<double>(limit))
                       : limit / 2;
     if (greedy_done) {
-      for (const Constructive& c : portfolio(inst.num_free)) {
+      for (const Constructive& c : portfolio(inst.num_free, inst.multi_piece)) {
         if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
         const std::uint64_t cost =
             c.fit == Fit::kFirst && inst.num_free > kCheapFirstFit ? pass_cost / 4 : pass_cost;

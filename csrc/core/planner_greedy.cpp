@@ -275,6 +275,32 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
       });
       break;
     }
+    case Order::kLengthClass: {
+      // Long-lived buffers first, and within a class (durations within a
+      // factor of 2) those that die together next to each other, so that
+      // their holes open as one. A loop that keeps its previous output has
+      // two copies of each output tensor in its alternating (two-phase)
+      // plan, of one size and about one length: by length or by size they
+      // are placed side by side, and when one phase's outputs die (just
+      // before the loss's backward, the step's peak) they leave a hole of
+      // one tensor's size under each of the other phase's, which nothing at
+      // the peak fits in (alternating_step seed 25: 87 holes of 256-512 KiB,
+      // +4.07% over LOAD; by end, +0.25%).
+      std::vector<std::uint8_t> cls(n);
+      for (std::uint32_t i = 0; i < n; ++i) {
+        int k = 0;
+        while (k < 63 && (inst.duration[i] >> (k + 1)) != 0) ++k;
+        cls[i] = static_cast<std::uint8_t>(k);
+      }
+      sort([&](std::uint32_t a, std::uint32_t b) {
+        if (cls[a] != cls[b]) return cls[a] > cls[b];
+        const std::int64_t ea = inst.start[a] + inst.duration[a], eb = inst.start[b] + inst.duration[b];
+        if (ea != eb) return ea < eb;
+        if (sz[a] != sz[b]) return sz[a] > sz[b];
+        return a < b;
+      });
+      break;
+    }
     case Order::kPressure:
     case Order::kPressureArea: {
       const std::vector<std::uint64_t> pr = pressures(inst);

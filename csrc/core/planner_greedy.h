@@ -71,6 +71,8 @@ enum class Order {
   kPressureArea,  // pressure desc, then area desc
   kSizeClass,  // size class desc (sizes within a factor of 4: floor(log2 size) / 2),
                // then duration (upper - lower, original time) desc, then size desc
+  kLengthClass,  // duration class desc (floor(log2 duration)), then end (lower + duration)
+                 // asc, then size desc
 };
 std::vector<std::uint32_t> make_order(const Instance& inst, Order order);
 // Per free item: max of inst.live over its pieces.
