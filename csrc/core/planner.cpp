@@ -430,14 +430,19 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 // The constructive portfolio, most useful first. Large instances get the
 // best-fit passes (each pass there costs tens of milliseconds), then two
 // first-fit passes. Cyclic instances (an alternating layout's two phases)
-// get best fit by length class first: above the search's cap it took the
-// generated two-phase steps from +2.0-4.1% over LOAD to +0.25% or LOAD
+// above kSearchMaxItems buffers get best fit by length class first: it took
+// the generated two-phase steps from +2.0-9.6% over LOAD to +0.25% or less
 // (docs/benchmarks.md); on linear ones it found nothing the others did not,
 // and its work cost IOPDDL S 1 the later phases' plan at 1 s (+0.24% ->
-// +1.22%).
+// +1.22%). Smaller instances get the search over the whole instance, and
+// keep the plans they had (a 300-buffer looped step's plan by length class
+// left 45 of its 154 positions to the locked path in
+// tests/test_replay_fast_livein.py).
 std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
   std::vector<Constructive> p;
-  if (cyclic) p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class"});
+  if (cyclic && n > kSearchMaxItems) {
+    p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class"});
+  }
   const std::vector<Constructive> first = {
       {Order::kLength, Fit::kBest, "best_fit_by_length"},
       {Order::kPressureArea, Fit::kBest, "best_fit_by_pressure_area"},
