@@ -443,12 +443,9 @@ std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
   if (cyclic && n > kSearchMaxItems) {
     p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class"});
   }
-  const std::vector<Constructive> first = {
-      {Order::kLength, Fit::kBest, "best_fit_by_length"},
-      {Order::kPressureArea, Fit::kBest, "best_fit_by_pressure_area"},
-      {Order::kSizeClass, Fit::kBest, "best_fit_by_size_class"},
-  };
-  p.insert(p.end(), first.begin(), first.end());
+  p.insert(p.end(), {{Order::kLength, Fit::kBest, "best_fit_by_length"},
+                     {Order::kPressureArea, Fit::kBest, "best_fit_by_pressure_area"},
+                     {Order::kSizeClass, Fit::kBest, "best_fit_by_size_class"}});
   if (n <= 20000) {
     p.push_back({Order::kStart, Fit::kBest, "best_fit_by_start"});
     p.push_back({Order::kPressure, Fit::kBest, "best_fit_by_pressure"});
@@ -641,13 +638,14 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
             c.fit == Fit::kFirst && inst.num_free > kCheapFirstFit ? pass_cost / 4 : pass_cost;
         // Large instances: the passes get half of the work count at most
         // (large cyclic ones less), so that the search and the peak repair
-        // get the rest; a cyclic instance's first pass, by length class,
-        // runs whenever the work count can pay for it (at 0.25 s the
-        // baseline left no room in that half on 13,000-19,000 generated
-        // two-phase buffers, and the plan was greedy's, +6.8-10.6%).
-        const bool cyclic_first = inst.multi_piece && c.order == Order::kLengthClass;
+        // get the rest; the pass by length class (cyclic instances only,
+        // portfolio()) runs whenever the work count can pay for it (at
+        // 0.25 s the baseline left no room in that half on 13,000-19,000
+        // generated two-phase buffers, and the plan was greedy's,
+        // +6.8-10.6%).
+        const bool shared = c.order != Order::kLengthClass;
         if (work.left() < cost || work.out() ||
-            (inst.num_free > kSearchMaxItems && !cyclic_first && work.used() + cost > pass_limit)) {
+            (inst.num_free > kSearchMaxItems && shared && work.used() + cost > pass_limit)) {
           cut = true;
           continue;
         }
