@@ -1490,12 +1490,29 @@ TR_HOT_INLINE void* Arena::front_allocate_direct(Front& f, std::size_t size,
   if (b->requested != size) return nullptr;
   --bin.count;
   front_hand_out(f, b, size);
+  f.last_ptr = b->ptr;
+  f.last_block = b;
+  f.last_bin = &bin;
   return b->ptr;
 }
 
 TR_HOT_INLINE bool Arena::front_deallocate_direct(Front& f, void* ptr) noexcept {
   FastSection g(f.lock);
   if (!g.entered() || !fronts_open_.load(std::memory_order_relaxed)) return false;
+  if (ptr == f.last_ptr) {
+    // The block handed out last (Front::last_ptr): its bin is known. Its
+    // free goes no further than this one way or the other, so the hint is
+    // spent either way.
+    f.forget_last();
+    Block* b = f.last_block;
+    Front::Bin& bin = *f.last_bin;
+    if (!b->front_live || f.cached_bytes + b->size > Front::kMaxBytes ||
+        bin.count >= Front::kDepth) {
+      return false;
+    }
+    front_push(f, bin, b);
+    return true;
+  }
   Block* b = f.held.find(ptr);
   // Not held here, or freed already: the slow path finds out which.
   if (!b || !b->front_live) return false;
@@ -1550,6 +1567,9 @@ void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
     }
     bin->blocks[k] = bin->blocks[--bin->count];
     front_hand_out(*f, b, size);
+    f->last_ptr = b->ptr;
+    f->last_block = b;
+    f->last_bin = bin;
     return b->ptr;
   }
   return nullptr;
@@ -1567,6 +1587,8 @@ bool Arena::front_deallocate(void* ptr) noexcept {
 }
 
 bool Arena::front_cache(Front& f, Block* b) noexcept {
+  // Freed here, or refused and dropped by the caller: the hint is spent.
+  if (f.last_ptr == b->ptr) f.forget_last();
   if (f.cached_bytes + b->size > Front::kMaxBytes) return false;
   Front::Bin* target = f.put_bin(b->size, b->stream);
   if (!target) return false;
@@ -1632,10 +1654,12 @@ void Arena::front_drop_locked(Front& f, Block* b) {
   b->requested = b->front_req;
   b->front = nullptr;
   b->front_live = false;
+  if (f.last_ptr == b->ptr) f.forget_last();
   f.held.erase(b->ptr);
 }
 
 bool Arena::fold_front_locked(Front& f, bool release) {
+  f.forget_last();  // blocks may leave `held` below
   if (f.acc.any()) {
     const Front::Counters& c = f.acc;
     auto apply = [](StatArray& a, std::int64_t up, std::int64_t down) {
@@ -2185,6 +2209,17 @@ void Arena::check_front_locked(const Front& f, InvariantTally& t) const {
     }
   }
   if (n != f.cached_blocks || bytes != f.cached_bytes) invariant_failed("front cache totals are wrong");
+  // The hint (Front::last_ptr) names a block held live here and a bin of
+  // its key.
+  if (f.last_ptr) {
+    const Block* b = f.last_block;
+    const std::ptrdiff_t k = f.last_bin - f.bins;
+    if (!b || b->ptr != f.last_ptr || f.held.find(b->ptr) != b || b->front != &f ||
+        !b->front_live || k < 0 || k >= static_cast<std::ptrdiff_t>(Front::kBins) ||
+        f.last_bin->size != b->size || f.last_bin->stream != b->stream) {
+      invariant_failed("a front's last hand-out hint names a block it does not hold live, or a bin of another key");
+    }
+  }
   // The direct map names exactly the bins of the keys it covers: each bin
   // of such a key is named, and nothing else is.
   std::size_t named = 0;

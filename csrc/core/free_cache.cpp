@@ -61,6 +61,7 @@ Front::Bin* Front::put_bin_hashed(std::size_t rounded, std::uint64_t stream) noe
 void Front::set_key(Bin& bin, std::size_t rounded, std::uint64_t stream) noexcept {
   // An empty bin that had another key (or none: size 0) takes this one; the
   // direct map follows both.
+  forget_last();  // the hint's bin must keep its key
   if (std::uint8_t* d = direct_entry(bin.size, bin.stream); d && bin.size != 0) *d = 0;
   bin.size = rounded;
   bin.stream = stream;

@@ -222,6 +222,22 @@ struct Front {
   std::uint8_t direct[kDirect] = {};
   unsigned unit_shift = 0;  // log2 of the arena's rounding unit (set before use)
 
+  // The block the fast path handed out last: its address, block and bin.
+  // Its free (the common last-in, first-out pattern: a temporary freed
+  // before the next allocation) then needs neither the held map's hash
+  // and probe nor the block's size and the direct map to find its bin, so
+  // the address the caller passes is only compared, never a step of the
+  // loads that lead to the bin (the allocate+free pair's longest chain of
+  // dependent loads goes from nine to four). Valid while last_ptr is set:
+  // last_block is held and live here, of last_bin's key. Cleared
+  // (forget_last) when that free is served or refused, when a block leaves
+  // `held` (a drop, a fold, a release), and when a bin takes another key
+  // (set_key); Arena::check_front_locked checks it.
+  const void* last_ptr = nullptr;
+  Block* last_block = nullptr;
+  Bin* last_bin = nullptr;
+  void forget_last() noexcept { last_ptr = nullptr; }
+
   static std::size_t bin_home(std::size_t rounded, std::uint64_t stream) {
     // Fibonacci hashing of the size (its low 6 bits are zero) and stream.
     const std::uint64_t x = (static_cast<std::uint64_t>(rounded) >> 6) + 0x9E3779B9ull * stream;
