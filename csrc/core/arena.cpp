@@ -1489,43 +1489,43 @@ TR_HOT_INLINE void* Arena::front_allocate_direct(Front& f, std::size_t size,
   Block* b = bin.blocks[bin.count - 1];
   if (b->requested != size) return nullptr;
   --bin.count;
-  front_hand_out(f, b, size);
-  f.last_ptr = b->ptr;
-  f.last_block = b;
-  f.last_bin = &bin;
+  front_hand_out(f, bin, b, size);
   return b->ptr;
 }
 
 TR_HOT_INLINE bool Arena::front_deallocate_direct(Front& f, void* ptr) noexcept {
   FastSection g(f.lock);
   if (!g.entered() || !fronts_open_.load(std::memory_order_relaxed)) return false;
+  Block* b;
+  Front::Bin* bin;
   if (ptr == f.last_ptr) {
     // The block handed out last (Front::last_ptr): its bin is known. Its
-    // free goes no further than this one way or the other, so the hint is
-    // spent either way.
+    // free ends here or on the slow path, so the hint is spent either way.
     f.forget_last();
-    Block* b = f.last_block;
-    Front::Bin& bin = *f.last_bin;
-    if (!b->front_live || f.cached_bytes + b->size > Front::kMaxBytes ||
-        bin.count >= Front::kDepth) {
-      return false;
-    }
-    front_push(f, bin, b);
-    return true;
+    b = f.last_block;
+    bin = f.last_bin;
+  } else {
+    // Not held here: the slow path finds out whether it is anyone's.
+    b = f.held.find(ptr);
+    if (!b) return false;
+    const std::uint8_t* d = f.direct_entry(b->size, b->stream);
+    if (!d || *d == 0) return false;
+    bin = &f.bins[*d - 1];
   }
-  Block* b = f.held.find(ptr);
-  // Not held here, or freed already: the slow path finds out which.
-  if (!b || !b->front_live) return false;
-  if (f.cached_bytes + b->size > Front::kMaxBytes) return false;
-  const std::uint8_t* d = f.direct_entry(b->size, b->stream);
-  if (!d || *d == 0) return false;
-  Front::Bin& bin = f.bins[*d - 1];
-  if (bin.count >= Front::kDepth) return false;
-  front_push(f, bin, b);
+  // Freed already (the slow path says so), or no room.
+  if (!b->front_live || f.cached_bytes + b->size > Front::kMaxBytes ||
+      bin->count >= Front::kDepth) {
+    return false;
+  }
+  front_push(f, *bin, b);
   return true;
 }
 
-TR_HOT_INLINE void Arena::front_hand_out(Front& f, Block* b, std::size_t size) noexcept {
+TR_HOT_INLINE void Arena::front_hand_out(Front& f, Front::Bin& bin, Block* b,
+                                         std::size_t size) noexcept {
+  f.last_ptr = b->ptr;  // the hint (Front::last_ptr): b's free finds `bin` directly
+  f.last_block = b;
+  f.last_bin = &bin;
   --f.cached_blocks;
   f.cached_bytes -= b->size;
   b->front_live = true;
@@ -1566,10 +1566,7 @@ void* Arena::front_allocate(std::size_t size, StreamId stream) noexcept {
       f->dirty[f->dirty_count++] = b;
     }
     bin->blocks[k] = bin->blocks[--bin->count];
-    front_hand_out(*f, b, size);
-    f->last_ptr = b->ptr;
-    f->last_block = b;
-    f->last_bin = bin;
+    front_hand_out(*f, *bin, b, size);
     return b->ptr;
   }
   return nullptr;

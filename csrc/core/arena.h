@@ -538,7 +538,7 @@ class Arena : private TerritoryHost {
   inline bool front_deallocate_direct(Front& f, void* ptr) noexcept;
   // The changes of a block handed out of / put into a bin (f's fast section
   // or lock held).
-  static inline void front_hand_out(Front& f, Block* b, std::size_t size) noexcept;
+  static inline void front_hand_out(Front& f, Front::Bin& bin, Block* b, std::size_t size) noexcept;
   static inline void front_push(Front& f, Front::Bin& bin, Block* b) noexcept;
   // The calling thread's front, made on first use; nullptr when fronts are
   // off or the thread is exiting.
