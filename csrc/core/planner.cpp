@@ -418,18 +418,31 @@ struct Constructive {
   Order order;
   Fit fit;
   const char* name;
+  // Runs whenever the work count can pay for it, outside the passes' share
+  // (plan_with_stop).
+  bool exempt = false;
+  // And its work does not count against that share either: the passes after
+  // it are admitted as if it had not run.
+  bool uncounted = false;
 };
 
 // Above this many buffers, the portfolio's first-fit passes are first fit
-// by size and by size class, after the best-fit passes, and each is admitted
-// at a quarter of a best-fit pass's cost (first fit stops at the first gap
-// that fits: about a sixth of best fit's work on 30,000 XLA-style buffers),
-// so they run in what the best-fit passes leave of the passes' share.
+// by size and by size class, each admitted at a quarter of a best-fit pass's
+// cost (first fit stops at the first gap that fits: a quarter to a seventh
+// of best fit's work on XLA-style buffers, about as much on training
+// steps). On linear instances first fit by size runs first, right after the
+// baseline, whenever the work count can pay for it, and the best-fit passes
+// after it are admitted as if it had not run: on XLA-style buffers it was
+// the best pass (30,000 to 60,000 buffers: +0.85% to +2.07% over LOAD, where
+// best fit by size was +1.97% to +5.9%), and last in the list it never ran on
+// 60,000 of them at 2 s (the baseline had used the passes' share) and at 6 s
+// neither (a best-fit pass had): the plan was the baseline's.
+// docs/benchmarks.md, issue 12's thirteenth pass.
 constexpr std::uint32_t kCheapFirstFit = 10000;
 
 // The constructive portfolio, most useful first. Large instances get the
-// best-fit passes (each pass there costs tens of milliseconds), then two
-// first-fit passes. Cyclic instances (an alternating layout's two phases)
+// best-fit passes (each pass there costs tens of milliseconds), and two
+// first-fit passes (see kCheapFirstFit). Cyclic instances (an alternating layout's two phases)
 // above kSearchMaxItems buffers get best fit by length class first: it took
 // the generated two-phase steps from +2.0-9.6% over LOAD to +0.25% or less
 // (docs/benchmarks.md); on linear ones it found nothing the others did not,
@@ -441,7 +454,9 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
   std::vector<Constructive> p;
   if (cyclic && n > kSearchMaxItems) {
-    p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class"});
+    p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class", true});
+  } else if (n > kCheapFirstFit) {
+    p.push_back({Order::kSize, Fit::kFirst, "first_fit_by_size", true, true});
   }
   p.insert(p.end(), {{Order::kLength, Fit::kBest, "best_fit_by_length"},
                      {Order::kPressureArea, Fit::kBest, "best_fit_by_pressure_area"},
@@ -461,7 +476,7 @@ std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
     p.push_back({Order::kPressureArea, Fit::kFirst, "first_fit_by_pressure_area"});
     p.push_back({Order::kPressure, Fit::kFirst, "first_fit_by_pressure"});
   } else {
-    p.push_back({Order::kSize, Fit::kFirst, "first_fit_by_size"});
+    if (cyclic) p.push_back({Order::kSize, Fit::kFirst, "first_fit_by_size"});
     p.push_back({Order::kSizeClass, Fit::kFirst, "first_fit_by_size_class"});
   }
   return p;
@@ -631,6 +646,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
     const std::uint64_t pass_limit =
         cyclic_search ? static_cast<std::uint64_t>(kCyclicPassShare * static_cast<double>(limit))
                       : limit / 2;
+    std::uint64_t exempt_used = 0;  // the uncounted passes' work (Constructive::uncounted)
     if (greedy_done) {
       for (const Constructive& c : portfolio(inst.num_free, inst.multi_piece)) {
         if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
@@ -643,12 +659,13 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         // 0.25 s the baseline left no room in that half on 13,000-19,000
         // generated two-phase buffers, and the plan was greedy's,
         // +6.8-10.6%).
-        const bool shared = c.order != Order::kLengthClass;
         if (work.left() < cost || work.out() ||
-            (inst.num_free > kSearchMaxItems && shared && work.used() + cost > pass_limit)) {
+            (inst.num_free > kSearchMaxItems && !c.exempt &&
+             work.used() - exempt_used + cost > pass_limit)) {
           cut = true;
           continue;
         }
+        const std::uint64_t pass_start = work.used();
         offs = detail::initial_offsets(inst);
         placer.reset(offs);
         std::uint64_t h = 0;
@@ -656,6 +673,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
           cut = true;
           break;
         }
+        if (c.uncounted) exempt_used += work.used() - pass_start;
         best.offer(h, offs, c.name);
       }
     }
