@@ -430,9 +430,9 @@ struct Constructive {
 // by size and by size class, each admitted at a quarter of a best-fit pass's
 // cost (first fit stops at the first gap that fits: a quarter to a seventh
 // of best fit's work on XLA-style buffers, about as much on training
-// steps). On linear instances first fit by size runs first, right after the
-// baseline, whenever the work count can pay for it, and the best-fit passes
-// after it are admitted as if it had not run: on XLA-style buffers it was
+// steps). On linear instances first fit by size runs before the baseline,
+// on at most a quarter of the work count (plan_with_stop), and the best-fit
+// passes after it are admitted as if it had not run: on XLA-style buffers it was
 // the best pass (30,000 to 60,000 buffers: +0.85% to +2.07% over LOAD, where
 // best fit by size was +1.97% to +5.9%), and last in the list it never ran on
 // 60,000 of them at 2 s (the baseline had used the passes' share) and at 6 s
