@@ -847,3 +847,23 @@ def test_packed_square_raise_starts_near_the_best_plan(seed):
     assert res.load_bytes == load
     assert check_plan_by_ticks(lt, res.offsets) == res.plan_bytes
     assert res.plan_bytes <= 1.08 * load, (res.plan_bytes / load, res.method)
+
+
+@pytest.mark.parametrize(
+    "n, load, expected",
+    [
+        (13_923_997_704, 13_923_997_700, "  (+4 bytes over LOAD, under +0.01%)"),  # gpt_train_b's plan
+        (100_004, 100_000, "  (+4 bytes over LOAD, under +0.01%)"),  # 0.004% would print +0.00%
+        (100_005, 100_000, "  (+0.01% vs LOAD)"),  # 0.005% is shown as a percentage
+        (110, 100, "  (+10.00% vs LOAD)"),
+        (100, 100, "  (+0.00% vs LOAD)"),  # at LOAD
+        (None, 100, ""),
+        (5, 0, ""),
+    ],
+)
+def test_cli_plan_says_bytes_when_a_size_is_above_load_by_under_a_hundredth_percent(n, load, expected):
+    # gpt_train_b's plan is 4 bytes above LOAD after a search the clock stopped; "+0.00% vs LOAD"
+    # read as "at LOAD" beside "stopped by: the wall clock" (a new user's report).
+    from torch_renaissance.cli import _vs_load
+
+    assert _vs_load(n, load) == expected

@@ -28,6 +28,21 @@ import zipfile
 from typing import List, Optional
 
 
+def _vs_load(n, load):
+    """``plan``'s comparison of ``n`` bytes with LOAD (bytes): ``"  (+1.85% vs LOAD)"``.
+
+    A size above LOAD by less than 0.005% says how many bytes (``"  (+4 bytes over LOAD, under
+    +0.01%)"``) rather than ``+0.00%``, which reads as "at LOAD" beside a search the clock
+    stopped. Empty when ``n`` is None or LOAD is 0.
+    """
+    if n is None or not load:
+        return ""
+    pct = 100 * (n / load - 1)
+    if n > load and pct < 0.005:
+        return f"  (+{n - load} bytes over LOAD, under +0.01%)"
+    return f"  ({pct:+.2f}% vs LOAD)"
+
+
 def _mib(n: Optional[float]) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
@@ -1033,7 +1048,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 2 if png_error else 0
 
     def vs(n):
-        return "" if n is None or not res.load_bytes else f"  ({100 * (n / res.load_bytes - 1):+.2f}% vs LOAD)"
+        return _vs_load(n, res.load_bytes)
 
     print(f"trace              {args.trace}" + ("" if args.device is None else f"  (device {args.device})"))
     print(f"buffers            {out['buffers']}")
