@@ -142,7 +142,7 @@ def main() -> int:
     repeats = 1 if args.quick else args.repeats
     load0 = os.getloadavg()
     rows = []
-    worst = {"1s": 0.0, "time_1s": 0.0, "mm1": 0.0, "cyc": 0.0}
+    worst = {"1s": 0.0, "gen": 0.0, "time_1s": 0.0, "mm1": 0.0, "mm1_cap": 0.0, "cyc": 0.0}
     mm_ok = []
     insts = instances(args.quick, args.minimalloc_csv)
     for name, kind, lt, reserved in [] if args.wall_only else insts:
@@ -162,12 +162,17 @@ def main() -> int:
             if kind == "minimalloc":
                 if budget == 1.0:
                     worst["mm1"] = max(worst["mm1"], res.plan_bytes / load)
+                    worst["mm1_cap"] = max(worst["mm1_cap"],
+                                           res.plan_bytes / max(MINIMALLOC_CAPACITY, load))
                 else:
                     mm_ok.append((name, res.plan_bytes <= max(MINIMALLOC_CAPACITY, load)))
             elif kind == "cyclic" and budget < 1.0:
                 worst["cyc"] = max(worst["cyc"], res.plan_bytes / load)
             else:
-                worst["1s"] = max(worst["1s"], res.plan_bytes / load)
+                # Recorded traces carry issue 12's target; generated instances are reported
+                # beside them (LOAD is their only bound: how far from optimal they are is unknown).
+                key = "1s" if kind in ("snapshot", "dsa") else "gen"
+                worst[key] = max(worst[key], res.plan_bytes / load)
                 worst["time_1s"] = max(worst["time_1s"], secs - budget + 1.0)
     print(f"Planner benchmark — {machine()} — commit {git_rev()}")
     print(f"load average at start {load0[0]:.1f} (1 min), {load0[1]:.1f} (5 min), at the end "
@@ -176,12 +181,13 @@ def main() -> int:
     print(table(["instance", "kind", "buffers", "LOAD", "greedy by size", "torch_renaissance",
                  "optimal", "PyTorch peak reserved", "time (budget)", "stopped by", "method"], rows))
     if not args.wall_only:
-        print(f"\nworst plan/LOAD, snapshots+SOMAS+IOPDDL+synthetic+generated: {worst['1s']:.4f} "
-              f"(target 1.005); worst time over budget {worst['time_1s'] - 1:+.2f} s (budgets "
-              f"1 s, 2 s from 50k buffers)")
+        print(f"\nworst plan/LOAD, snapshots+SOMAS+IOPDDL: {worst['1s']:.4f} (target 1.005); "
+              f"synthetic+generated: {worst['gen']:.4f} (LOAD their only bound); worst time over "
+              f"budget {worst['time_1s'] - 1:+.2f} s (budgets 1 s, 2 s from 50k buffers)")
         print(f"cyclic (alternating) steps at 0.25 s, the step planner's budget: worst plan/LOAD "
               f"{worst['cyc']:.4f}")
-        print(f"MiniMalloc at 1 s: worst plan/LOAD {worst['mm1']:.4f} (target 1.02); at 10 s, "
+        print(f"MiniMalloc at 1 s: worst plan/LOAD {worst['mm1']:.4f}, worst plan/max({MINIMALLOC_CAPACITY:,}, "
+              f"LOAD) {worst['mm1_cap']:.4f} (target 1.02); at 10 s, "
               f"height <= {MINIMALLOC_CAPACITY:,} or LOAD: "
               + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in mm_ok))
 
