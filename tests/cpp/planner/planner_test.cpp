@@ -389,7 +389,17 @@ void test_first_fit_on_large_linear() {
   // Budgets that pay for first fit by size (run before the baseline on a
   // quarter of the work count): at 0.08 s the baseline is cut short there
   // (greedy_size 0, completed by the sweep: +1.9% over LOAD) and first fit's
-  // plan stands; from 0.1 s both finish. Below 0.08 s neither does.
+  // plan stands; from 0.1 s both finish. Below 0.08 s neither does: each is
+  // completed by the sweep, and the plan must still be valid and deterministic.
+  for (const double budget : {0.02, 0.04, 0.06}) {
+    pl::Options o;
+    o.budget_seconds = budget;
+    o.clock_seconds = kNoClock;
+    const pl::Result r = pl::plan(p, o), again = pl::plan(p, o);
+    CHECK(pl::validate(p, r.offsets).empty(), "invalid plan at budget %.2f", budget);
+    CHECK(r.offsets == again.offsets && r.method == again.method,
+          "budget %.2f: two runs differ", budget);
+  }
   for (const double budget : {0.08, 0.1, 0.25, 0.5, 1.0}) {
     pl::Options o;
     o.budget_seconds = budget;
