@@ -456,6 +456,8 @@ std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
   if (cyclic && n > kSearchMaxItems) {
     p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class", true});
   } else if (n > kCheapFirstFit) {
+    // With a budget, plan_with_stop runs this one before the baseline and
+    // skips it here; with budget 0 it runs here, first of the passes.
     p.push_back({Order::kSize, Fit::kFirst, "first_fit_by_size", true, true});
   }
   p.insert(p.end(), {{Order::kLength, Fit::kBest, "best_fit_by_length"},
@@ -682,7 +684,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
                       : limit / 2;
     // The uncounted passes' work (Constructive::uncounted; first fit run
     // before the baseline is one).
-    std::uint64_t exempt_used = ff_used;
+    std::uint64_t uncounted_used = ff_used;
     if (greedy_done) {
       for (const Constructive& c : portfolio(inst.num_free, inst.multi_piece)) {
         if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
@@ -698,7 +700,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         // +6.8-10.6%).
         if (work.left() < cost || work.out() ||
             (inst.num_free > kSearchMaxItems && !c.exempt &&
-             work.used() - exempt_used + cost > pass_limit)) {
+             work.used() - uncounted_used + cost > pass_limit)) {
           cut = true;
           continue;
         }
@@ -710,7 +712,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
           cut = true;
           break;
         }
-        if (c.uncounted) exempt_used += work.used() - pass_start;
+        if (c.uncounted) uncounted_used += work.used() - pass_start;
         best.offer(h, offs, c.name);
       }
     }
