@@ -420,3 +420,31 @@ def test_stream_manager_bad_roles_and_non_tensors_are_clear_errors():
     for bad in ("", 0, []):  # falsy roles were taken as "the current role"
         with pytest.raises(UnknownRoleError):
             sm.handoff(torch.ones(1), to="compute", from_=bad)
+
+
+def test_last_step_lists_the_other_streams_each_entry_used(C):
+    """Arena.last_step()'s entries name, per allocation, the other streams that used
+    it, once each and in the order first used (record_stream twice on one stream is
+    one use), and nothing for the allocations no other stream used; a recorded and
+    a replayed step alike (the replayed step's fast path makes its entries at the
+    step's end)."""
+    w = World(C, "defer")
+    s1, s2 = w.stream(), w.stream()
+    for step in range(4):
+        w.arena.begin_step()
+        a = w.arena.allocate(MiB, 0)
+        b = w.arena.allocate(2 * MiB, 0)
+        c = w.arena.allocate(3 * MiB, 0)
+        w.arena.record_stream(b, s2)
+        w.arena.record_stream(b, s1)
+        w.arena.record_stream(b, s2)
+        if step % 2 == 1:
+            w.arena.record_stream(c, s1)
+        for p in (a, b, c):
+            w.arena.deallocate(p)
+        w.arena.end_step()
+        w.run_all()
+        entries = w.arena.last_step()["entries"]
+        assert [e["size"] for e in entries] == [MiB, 2 * MiB, 3 * MiB], step
+        want = [[], [s2, s1], [s1] if step % 2 == 1 else []]
+        assert [list(e["streams_used"]) for e in entries] == want, step

@@ -213,13 +213,26 @@ struct TraceEntry {
   std::int64_t alloc_time = 0;
   std::int64_t free_time = -1;  // -1: still live when the step ended
   std::uintptr_t address = 0;
-  std::vector<StreamId> streams_used;  // other streams that used it
+  // The other streams that used it (record_stream, a hand-off) are kept
+  // beside the entries, in its StepRecord's `stream_uses[uses - 1]`
+  // (StepRecord::streams_used); 0: none. Few entries have any, and an entry
+  // of plain words is made, copied and dropped without touching the heap
+  // (a replayed step makes one per allocation at its end).
+  std::uint32_t uses = 0;
+  bool other_streams() const { return uses != 0; }
 };
 
 struct StepRecord {
   std::uint64_t step = 0;
   std::int64_t end_time = 0;
   std::vector<TraceEntry> entries;
+  // Lists of the other streams that used an entry (TraceEntry::uses).
+  std::vector<std::vector<StreamId>> stream_uses;
+  // The other streams that used `e`, one of `entries` (empty: none).
+  const std::vector<StreamId>& streams_used(const TraceEntry& e) const {
+    static const std::vector<StreamId> kNone;
+    return e.uses == 0 ? kNone : stream_uses[e.uses - 1];
+  }
 };
 
 // The old name of TraceEntry, kept for one release.

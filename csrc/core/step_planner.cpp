@@ -729,7 +729,13 @@ void StepPlanner::adopt_fast_block(Block* b, std::size_t position) {
 
 void StepPlanner::on_record_stream(Block* b, StreamId stream) {
   // The arena calls this once per new (block, stream) use.
-  if (open_ && b->step == step_) cur_->entries[static_cast<std::size_t>(b->seq)].streams_used.push_back(stream);
+  if (!open_ || b->step != step_) return;
+  TraceRecord& e = cur_->entries[static_cast<std::size_t>(b->seq)];
+  if (e.uses == 0) {
+    cur_->stream_uses.emplace_back();
+    e.uses = static_cast<std::uint32_t>(cur_->stream_uses.size());
+  }
+  cur_->stream_uses[e.uses - 1].push_back(stream);
 }
 
 bool StepPlanner::activate_territory() {
@@ -1574,7 +1580,7 @@ std::vector<StepPlanner::PlannedBuffer> StepPlanner::derive_lifetimes(StreamId s
       continue;
     }
     if (e.free_time >= 0) {
-      s.upper = !e.streams_used.empty() ? T : std::max(e.free_time, e.alloc_time + 1);
+      s.upper = e.other_streams() ? T : std::max(e.free_time, e.alloc_time + 1);
       continue;
     }
     // A live-out: find the next previous-step live-out of the same size that
@@ -1599,7 +1605,7 @@ std::vector<StepPlanner::PlannedBuffer> StepPlanner::derive_lifetimes(StreamId s
     // than the step: the layout alternates (two phases, below).
     const std::int64_t t_next = died[j].second;
     s.upper = T + t_next;
-    if (!e.streams_used.empty()) s.upper = std::max(s.upper, T);
+    if (e.other_streams()) s.upper = std::max(s.upper, T);
   }
 
   return slots;
@@ -1622,7 +1628,7 @@ void StepPlanner::widen_with_previous(std::vector<PlannedBuffer>& slots, std::in
   for (std::size_t i = 0; i < now.size(); ++i) {
     PlannedBuffer& s = slots[i];
     const TraceRecord& e = before[i];
-    if (s.dynamic || now[i].free_time < 0 || e.free_time < 0 || !e.streams_used.empty()) continue;
+    if (s.dynamic || now[i].free_time < 0 || e.free_time < 0 || e.other_streams()) continue;
     s.lower = std::min(s.lower, e.alloc_time);
     s.upper = std::min(T, std::max(s.upper, std::max(e.free_time, e.alloc_time + 1)));
   }

@@ -208,7 +208,7 @@ void bind_arena(py::module_& m) {
                d["alloc_time"] = e.alloc_time;
                d["free_time"] = e.free_time < 0 ? py::object(py::none()) : py::int_(e.free_time);
                d["address"] = e.address;
-               d["streams_used"] = e.streams_used;
+               d["streams_used"] = r.streams_used(e);
                entries.append(d);
              }
              py::dict out;
