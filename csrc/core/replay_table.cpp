@@ -57,19 +57,19 @@ void ReplayRoute::build(const std::vector<std::size_t>& offset,
   }
   std::size_t cap = 2;
   while (cap < 2 * planned) cap *= 2;
-  table_.assign(cap, SpotSlot{kNoKey, 0});
+  if (cap - 1 > 0xFFFFFFFFu) {  // a spot is its slot's number, 32 bits
+    throw std::invalid_argument("ReplayRoute::build: too many planned positions for the spot table");
+  }
+  table_.assign(cap, kNoKey);
   mask_ = cap - 1;
   shift_ = 64;
   for (std::size_t c = cap; c > 1; c >>= 1) --shift_;
-  spot_count_ = 0;
   for (std::size_t i = 0; i < offset.size(); ++i) {
     if (size[i] == 0) continue;
     std::size_t h = home(offset[i]);
-    while (table_[h].key != kNoKey && table_[h].key != offset[i]) h = (h + 1) & mask_;
-    if (table_[h].key == kNoKey) {
-      table_[h] = SpotSlot{offset[i], static_cast<std::uint32_t>(spot_count_++)};
-    }
-    pos_[i].spot = table_[h].spot;
+    while (table_[h] != kNoKey && table_[h] != offset[i]) h = (h + 1) & mask_;
+    table_[h] = offset[i];
+    pos_[i].spot = static_cast<std::uint32_t>(h);  // the spot is its slot
   }
 }
 

@@ -39,17 +39,21 @@ class ReplayRoute {
   std::size_t size(std::size_t i) const { return pos_[i].size; }
   const std::uint32_t* preds_begin(std::size_t i) const { return preds_.data() + pos_[i].start; }
   const std::uint32_t* preds_end(std::size_t i) const { return preds_.data() + pos_[i + 1].start; }
-  // Spots: the distinct starts of the planned positions, numbered 0..spots()-1.
-  std::size_t spots() const { return spot_count_; }
+  // Spots: the distinct starts of the planned positions, each numbered by
+  // its slot in the read-only table below (so numbers lie in 0..spots()-1,
+  // and some are unused). A free looks up its address's slot and, with the
+  // same number, its spot's entry in FastSlots: the two loads hang on the
+  // hash alone, not one on the other.
+  std::size_t spots() const { return table_.size(); }
   // Position i's spot (planned positions only).
   std::uint32_t spot(std::size_t i) const { return pos_[i].spot; }
   // The spot starting at `offset`, or -1 (no planned position starts there).
   // Read-only open addressing built with the route: at most half full.
   std::int64_t find_spot(std::size_t offset) const {
     for (std::size_t i = home(offset);; i = (i + 1) & mask_) {
-      const SpotSlot& s = table_[i];
-      if (s.key == offset) return s.spot;
-      if (s.key == kNoKey) return -1;
+      const std::size_t key = table_[i];
+      if (key == offset) return static_cast<std::int64_t>(i);
+      if (key == kNoKey) return -1;
     }
   }
   // The highest end of a planned range (0: none).
@@ -69,16 +73,12 @@ class ReplayRoute {
   };
   std::vector<Position> pos_{Position{}};
   std::vector<std::uint32_t> preds_;
-  struct SpotSlot {
-    std::size_t key;  // an offset, or kNoKey
-    std::uint32_t spot;
-  };
   static constexpr std::size_t kNoKey = ~std::size_t(0);
   std::size_t home(std::size_t offset) const {
     return static_cast<std::size_t>(((offset >> 6) * 0x9E3779B97F4A7C15ull) >> shift_) & mask_;
   }
-  std::vector<SpotSlot> table_{SpotSlot{kNoKey, 0}};
-  std::size_t mask_ = 0, spot_count_ = 0, top_ = 0;
+  std::vector<std::size_t> table_{kNoKey};  // per slot: a planned start, or kNoKey
+  std::size_t mask_ = 0, top_ = 0;
   unsigned shift_ = 63;
 };
 
