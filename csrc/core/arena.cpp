@@ -1480,6 +1480,20 @@ TR_HOT_INLINE void* Arena::front_allocate_direct(Front& f, std::size_t size,
   const std::size_t rounded = (size + unit_ - 1) & ~(unit_ - 1);  // unit_ is a power of two
   FastSection g(f.lock);
   if (!g.entered() || !fronts_open_.load(std::memory_order_relaxed)) return nullptr;
+  if (size == f.next_req && stream == 0) {
+    // The block a free put on top of its bin last (Front::next_ptr): the
+    // address comes from the front, and the checks that it is what the
+    // direct map's path below would hand out only decide a branch.
+    Front::Bin& bin = *f.next_bin;
+    Block* b = f.next_block;
+    const void* p = f.next_ptr;
+    if (bin.count != 0 && bin.blocks[bin.count - 1] == b && b->ptr == p && b->requested == size &&
+        bin.size == rounded && bin.stream == 0) {
+      --bin.count;
+      front_hand_out(f, bin, b, size);
+      return const_cast<void*>(p);
+    }
+  }
   const std::uint8_t* d = f.direct_entry(rounded, stream);
   if (!d || *d == 0) return nullptr;
   Front::Bin& bin = f.bins[*d - 1];
@@ -1537,6 +1551,12 @@ TR_HOT_INLINE void Arena::front_hand_out(Front& f, Front::Bin& bin, Block* b,
 
 TR_HOT_INLINE void Arena::front_push(Front& f, Front::Bin& bin, Block* b) noexcept {
   bin.blocks[bin.count++] = b;
+  if (bin.stream == 0 && (bin.size >> f.unit_shift) < Front::kDirect) {  // a key of the direct map
+    f.next_ptr = b->ptr;  // the allocation hint (Front::next_ptr)
+    f.next_block = b;
+    f.next_bin = &bin;
+    f.next_req = b->requested;
+  }
   ++f.cached_blocks;
   f.cached_bytes += b->size;
   b->front_live = false;

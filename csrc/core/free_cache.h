@@ -238,6 +238,21 @@ struct Front {
   Bin* last_bin = nullptr;
   void forget_last() noexcept { last_ptr = nullptr; }
 
+  // The block a free put on top of its bin last, when its key is in the
+  // direct map: its address, block, bin and booked requested bytes. The
+  // next allocation of that request (last in, first out) returns next_ptr
+  // without the loads that lead from the size to the block (the direct
+  // map's byte, the bin's count, the top slot), which made the address the
+  // caller gets wait on four loads in a row. Never trusted: it is served
+  // only while next_bin's top block is next_block, next_block->ptr is
+  // next_ptr, its booked requested bytes are the request's and the bin's
+  // key is the request's (Arena::front_allocate_direct), exactly what the
+  // direct map's path would hand out; so nothing needs to clear it.
+  const void* next_ptr = nullptr;
+  Block* next_block = nullptr;
+  Bin* next_bin = nullptr;
+  std::size_t next_req = 0;
+
   static std::size_t bin_home(std::size_t rounded, std::uint64_t stream) {
     // Fibonacci hashing of the size (its low 6 bits are zero) and stream.
     const std::uint64_t x = (static_cast<std::uint64_t>(rounded) >> 6) + 0x9E3779B9ull * stream;
