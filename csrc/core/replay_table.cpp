@@ -74,7 +74,14 @@ void ReplayRoute::build(const std::vector<std::size_t>& offset,
 }
 
 void FastSlots::reset(std::size_t spots) {
-  at_.assign(spots, 0);
+  // Every spot is empty when nothing is live (take and take_all empty the
+  // spots they take), so a table of the right size is kept as it is: an
+  // arming (once a step) does not rewrite the route's whole table.
+  if (at_.size() != spots) {
+    at_.assign(spots, 0);
+  } else if (live_ != 0) {
+    std::fill(at_.begin(), at_.end(), 0);
+  }
   live_ = 0;
 }
 

@@ -91,7 +91,8 @@ class ReplayRoute {
 // position order since the last flush), so nothing lists them.
 class FastSlots {
  public:
-  // Room for `spots` spots, all empty.
+  // Room for `spots` spots, all empty (O(1) when the size is the same and
+  // nothing is live).
   void reset(std::size_t spots);
   std::size_t size() const { return live_; }
   // Position `pos` now stands at spot `k` (no other live position is there:

@@ -142,6 +142,16 @@ void check_fast_slots(unsigned seed) {
       for (std::uint32_t k = 0; k < r.spots(); ++k) {
         expect(t.take(k) == -1, "a spot still held after take_all", seed);
       }
+    } else if (op == 4) {
+      // A reset to the same size, with or without live positions: every
+      // spot empty after it (it rewrites the table only when some are live).
+      t.reset(r.spots());
+      first = i + 1;
+      ref.clear();
+      expect(t.size() == 0, "live positions after a reset", seed);
+      for (std::uint32_t k = 0; k < r.spots(); ++k) {
+        expect(t.take(k) == -1, "a spot still held after a reset", seed);
+      }
     }
     expect(t.size() == ref.size(), "size", seed);
   }
