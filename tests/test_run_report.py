@@ -279,3 +279,28 @@ def test_steady_window_starts_after_a_re_plans_first_replay(tmp_path, seed):
     # first replay in it, the old outputs beside the new plan were above them
     # (185.4 and 151.5 MiB against 181.4 and 131.4).
     assert rep["steady_peak_reserved_bytes"] == max(res for i, _, _, res in rows if i >= expect - 1), (rows, rep)
+
+
+@pytest.mark.parametrize(
+    "n, expected",
+    [
+        (None, "n/a"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (34_240, "33.4 KiB"),   # a new user's "above LOAD" part that printed as 0.0 MiB
+        (42_624, "41.6 KiB"),
+        (-42_624, "-41.6 KiB"),  # the report's "rest" may be negative
+        (2**20 - 1, "1024.0 KiB"),
+        (2**20, "1.0 MiB"),
+        (3 * 2**20 + 2**19, "3.5 MiB"),
+        (-5 * 2**20, "-5.0 MiB"),
+    ],
+)
+def test_report_sizes_show_small_parts_in_their_own_unit(n, expected):
+    """The report's "reserved, not live" and "above LOAD" lines give a sum and its parts:
+    parts of tens of KiB all printed as 0.0 MiB beside a total of 0.1 MiB, so they did
+    not visibly add up. Each is now in the unit that shows it (hand-computed values)."""
+    from torch_renaissance.cli import _size
+
+    assert _size(n) == expected

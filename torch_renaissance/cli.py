@@ -47,6 +47,20 @@ def _mib(n: Optional[float]) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
+def _size(n: Optional[float]) -> str:
+    """Bytes in the unit that shows them: MiB from 1 MiB, KiB from 1 KiB, else bytes
+    (one decimal; signed). For a sum and its parts, so that parts of a few KiB do not all
+    print as ``0.0 MiB`` beside a total of ``0.1 MiB`` (a new user's report)."""
+    if n is None:
+        return "n/a"
+    a = abs(n)
+    if a >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    if a >= 2**10:
+        return f"{n / 2**10:.1f} KiB"
+    return f"{int(n)} B"
+
+
 # ---------------------------------------------------------------------------
 # run
 # ---------------------------------------------------------------------------
@@ -92,23 +106,23 @@ def _print_report(rep: dict, out) -> None:
                      f"{_ratio(rep['steady_peak_reserved_over_load'])}; {_steady_window(rep)})")
     else:
         lines.append(f"  steady state           n/a: {rep['steady_reason']}")
-    lines.append(f"  reserved, not live     {_mib(rep['reserved_bytes'] - rep['allocated_bytes'])} at "
+    lines.append(f"  reserved, not live     {_size(rep['reserved_bytes'] - rep['allocated_bytes'])} at "
                  f"{rep.get('reserved_where', 'exit')}: "
-                 f"{_mib(rep['territory_free_bytes'])} planned territory gaps, "
-                 f"{_mib(rep['dynamic_cache_bytes'])} dynamic pool cache, "
-                 f"{_mib(rep['persistent_free_bytes'])} persistent segment")
+                 f"{_size(rep['territory_free_bytes'])} planned territory gaps, "
+                 f"{_size(rep['dynamic_cache_bytes'])} dynamic pool cache, "
+                 f"{_size(rep['persistent_free_bytes'])} persistent segment")
     if rep.get("above_load_bytes") is not None:
         # Its parts add up to it: the growth inside steps above the highest
         # steady boundary, then what that boundary's snapshot shows, then the
         # rest, named (a tester found most bytes unexplained when the parts
         # were taken at other moments).
         p = rep["above_load_parts"]
-        lines.append(f"  above LOAD             {_mib(rep['above_load_bytes'])} at the steady peak (steady peak "
-                     f"reserved - LOAD) = {_mib(p['within_step_bytes'])} reserved inside steps above the "
+        lines.append(f"  above LOAD             {_size(rep['above_load_bytes'])} at the steady peak (steady peak "
+                     f"reserved - LOAD) = {_size(p['within_step_bytes'])} reserved inside steps above the "
                      f"highest steady boundary (requests the plan did not serve) + at that boundary "
-                     f"(step {p['boundary']}): {_mib(p['plan_over_bound_bytes'])} plan over its bound (obstacles, "
-                     f"slots shared by variants), {_mib(p['dynamic_cache_bytes'])} dynamic pool cache, "
-                     f"{_mib(p['persistent_free_bytes'])} persistent segment free + {_mib(p['rest_bytes'])} rest "
+                     f"(step {p['boundary']}): {_size(p['plan_over_bound_bytes'])} plan over its bound (obstacles, "
+                     f"slots shared by variants), {_size(p['dynamic_cache_bytes'])} dynamic pool cache, "
+                     f"{_size(p['persistent_free_bytes'])} persistent segment free + {_size(p['rest_bytes'])} rest "
                      f"(not attributed: territory beyond its plan, LOAD of another layout; may be negative)")
     print("\n".join(lines), file=out, flush=True)
 
