@@ -55,7 +55,7 @@ def _size(n: Optional[float]) -> str:
         return "n/a"
     a = abs(n)
     if a >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
+        return _mib(n)
     if a >= 2**10:
         return f"{n / 2**10:.1f} KiB"
     return f"{int(n)} B"

@@ -1551,7 +1551,7 @@ TR_HOT_INLINE void Arena::front_hand_out(Front& f, Front::Bin& bin, Block* b,
 
 TR_HOT_INLINE void Arena::front_push(Front& f, Front::Bin& bin, Block* b) noexcept {
   bin.blocks[bin.count++] = b;
-  if (bin.stream == 0 && (bin.size >> f.unit_shift) < Front::kDirect) {  // a key of the direct map
+  if (f.direct_entry(bin.size, bin.stream)) {  // a key of the direct map
     f.next_ptr = b->ptr;  // the allocation hint (Front::next_ptr)
     f.next_block = b;
     f.next_bin = &bin;

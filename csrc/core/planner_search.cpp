@@ -437,8 +437,7 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
       rp[nr++] = {m, c.rank, c.item};
     }
   }
-  const std::size_t total = nk + nr;
-  if (cur.size() != total) cur.resize(total);
+  cur.resize(nk + nr);
   if (!sorted) {
     std::copy(kp, kp + nk, cur.begin());
     std::copy(rp, rp + nr, cur.begin() + static_cast<std::ptrdiff_t>(nk));
