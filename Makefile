@@ -127,8 +127,9 @@ test-cpp: build/plan_test build/config_test build/debug_test_0 build/debug_test_
 	build/debug_test_0
 	build/debug_test_1
 
-# The tests (the planner's C++ test first), then every benchmark once,
-# untimed and on small inputs, so that the benchmarks cannot rot (about 15 s).
+# The tests (the planner's C++ test first; the suite takes 7-9 minutes on 2
+# idle cores), then every benchmark once, untimed and on small inputs, so
+# that the benchmarks cannot rot (about 15 s; not run when a test fails).
 test: build test-cpp $(VENV)/.bench-deps
 	$(PY) -m pytest -q tests
 	$(PY) -m pytest -q benchmarks --benchmark-disable
