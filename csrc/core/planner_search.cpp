@@ -447,8 +447,14 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
     std::merge(kp, kp + nk, rp, rp + nr, cur.begin(), before);
   }
   if (cur.empty()) return Status::kFound;  // off_ holds the solution
+  // The lowest top any candidate can have. `cur` is sorted by offset and a
+  // top is above its offset, so no candidate from the first one at or above
+  // the lowest top so far can lower it.
   std::uint64_t min_height = kUnplaced;
-  for (const Cand& c : cur) min_height = std::min(min_height, c.off + inst_.size[c.item]);
+  for (const Cand& c : cur) {
+    if (c.off >= min_height) break;
+    min_height = std::min(min_height, c.off + inst_.size[c.item]);
+  }
   charge(8 + 2 * cur.size() + static_cast<std::uint64_t>(hi - lo));
   if (!check(cur, last_off, lo, hi)) return Status::kInfeasible;
   // The subtree below is a function of this state (the candidates with
