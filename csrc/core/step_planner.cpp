@@ -455,6 +455,7 @@ void StepPlanner::record_entry(std::size_t size, StreamId stream, std::uintptr_t
   }
   cur_->threads.push_back(tag);
   if (tag != cur_->opener) cur_->other_threads = true;
+  if (stream != cur_->entries.front().stream) cur_->mixed_streams = true;
 }
 
 bool StepPlanner::reference_address(std::size_t i, std::uintptr_t& out) const {
@@ -679,6 +680,7 @@ void StepPlanner::materialize_fast() {
   std::vector<TraceRecord>& entries = cur_->entries;
   const std::size_t first = entries.size(), end = fast_next_;
   if (first >= end) return;
+  if (first > 0 && entries.front().stream != fast_stream_) cur_->mixed_streams = true;
   entries.resize(end);  // default entries: no stream uses
   cur_->threads.resize(end, cur_->opener);
   const ReplayRoute& r = routes_[fast_phase_];
@@ -1205,7 +1207,7 @@ bool StepPlanner::obstacles_gone(const Layout& l) const {
 
 bool StepPlanner::kept_dynamic_but_cyclic(const Layout& l) const {
   const StepTrace& cur = *cur_;
-  if (!prev_ || l.slots.size() != cur.entries.size()) return false;
+  if (!prev_ || !l.any_dynamic || l.slots.size() != cur.entries.size()) return false;
   // Cheap first: a slot the layout serves dynamically on its own stream
   // whose request is still live at the end of this step.
   bool any = false;
@@ -1262,6 +1264,11 @@ StepPlanner::Variant* StepPlanner::find_variant(const std::vector<std::size_t>& 
 bool StepPlanner::same_structure(const Layout& l) const {
   // Same key, allocation count and streams as the open step.
   if (l.key != key_ || l.slots.size() != cur_->entries.size()) return false;
+  // Both on one stream each (the flags kept as they were built): the first
+  // entries say it.
+  if (l.one_stream && !cur_->mixed_streams) {
+    return l.slots.empty() || l.slots.front().stream == cur_->entries.front().stream;
+  }
   for (std::size_t i = 0; i < l.slots.size(); ++i) {
     if (l.slots[i].stream != cur_->entries[i].stream) return false;
   }
@@ -2288,6 +2295,11 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     layout->id = next_layout_id_++;
   }
   layout->slots = std::move(job->slots);
+  layout->one_stream = std::all_of(layout->slots.begin(), layout->slots.end(), [&](const PlannedBuffer& s) {
+    return s.stream == layout->slots.front().stream;
+  });
+  layout->any_dynamic = std::any_of(layout->slots.begin(), layout->slots.end(),
+                                    [](const PlannedBuffer& s) { return s.dynamic; });
   layout->horizon = job->horizon;
   layout->key = job->key;
   layout->stream = job->stream;

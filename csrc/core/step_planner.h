@@ -262,6 +262,10 @@ class StepPlanner {
     // it stays set when such entries are dropped or reordered): false means
     // every entry of `threads` is `opener`.
     bool other_threads = false;
+    // Some entry's stream differs from the first entry's (record_entry and
+    // materialize_fast keep it; dropping entries may leave it set). False:
+    // every entry is on the first one's stream.
+    bool mixed_streams = false;
   };
 
  public:
@@ -285,6 +289,11 @@ class StepPlanner {
   };
   struct Layout {
     std::vector<PlannedBuffer> slots;
+    // Set with `slots` when the layout is installed (slots' streams and
+    // dynamic flags do not change after): every slot on the first one's
+    // stream; some slot served by the dynamic pool.
+    bool one_stream = true;
+    bool any_dynamic = false;
     std::int64_t horizon = 0;  // the step's length in logical ticks
     StreamId stream = 0;
     std::size_t top = 0;       // end of the highest slot
