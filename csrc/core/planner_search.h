@@ -215,7 +215,8 @@ std::vector<std::uint32_t> preorder(const OrderKeys& keys, const std::vector<std
 //
 // With `raise` (the search over a whole instance), a third schedule shares
 // the budget: the capacity-targeted raise, upward from at most 4% below the
-// best height (see planner_search.cpp). The peak repair's sub-searches run
+// best height, every pre-order at a level before the next level up (see
+// planner_search.cpp). The peak repair's sub-searches run
 // without it: their windows are small and usually reach their bound with the
 // other two.
 void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& lower_bound,
