@@ -819,9 +819,10 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
       }
       raise_used += work.used() - before;
       if (stop) return;
-      if (cap != kUnplaced && !found && ++raise_k < kExactKeys) continue;
+      const bool failed = cap != kUnplaced && !found;  // the round goes on
+      if (failed && ++raise_k < kExactKeys) continue;
       raise_k = 0;
-      if (cap != kUnplaced && !found && level_cap(raise_level + 1) != kUnplaced) {
+      if (failed && level_cap(raise_level + 1) != kUnplaced) {
         ++raise_level;
         continue;
       }

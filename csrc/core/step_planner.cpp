@@ -2295,11 +2295,12 @@ void StepPlanner::install(std::unique_ptr<PlanJob> job) {
     layout->id = next_layout_id_++;
   }
   layout->slots = std::move(job->slots);
-  layout->one_stream = std::all_of(layout->slots.begin(), layout->slots.end(), [&](const PlannedBuffer& s) {
-    return s.stream == layout->slots.front().stream;
+  const std::vector<PlannedBuffer>& slots = layout->slots;
+  layout->one_stream = std::all_of(slots.begin(), slots.end(), [&](const PlannedBuffer& s) {
+    return s.stream == slots.front().stream;
   });
-  layout->any_dynamic = std::any_of(layout->slots.begin(), layout->slots.end(),
-                                    [](const PlannedBuffer& s) { return s.dynamic; });
+  layout->any_dynamic =
+      std::any_of(slots.begin(), slots.end(), [](const PlannedBuffer& s) { return s.dynamic; });
   layout->horizon = job->horizon;
   layout->key = job->key;
   layout->stream = job->stream;
