@@ -464,8 +464,9 @@ bool StepPlanner::reference_address(std::size_t i, std::uintptr_t& out) const {
   // the same phase).
   if (!prev_) return false;
   if (replaying_ && active_ && active_->phases == 2) {
-    if (i >= prev_->prior_addresses.size()) return false;
-    out = prev_->prior_addresses[i];
+    const StepTrace* prior = prev_->prior.get();
+    if (!prior || i >= prior->entries.size()) return false;
+    out = prior->entries[i].address;
     return true;
   }
   if (i >= prev_->entries.size()) return false;
@@ -624,15 +625,13 @@ Segment* StepPlanner::arm_fast() {
   // The reference addresses (reference_address, fixed for the step).
   fast_ref_ = nullptr;
   fast_ref_stride_ = fast_ref_n_ = 0;
-  if (prev_ && l.phases == 2) {
-    fast_ref_ = prev_->prior_addresses.data();
-    fast_ref_stride_ = 1;
-    fast_ref_n_ = prev_->prior_addresses.size();
-  } else if (prev_) {
+  // The previous step's entries, or in an alternating layout the ones of the
+  // step before it (none: nothing compared).
+  if (const StepTrace* ref = !prev_ ? nullptr : l.phases == 2 ? prev_->prior.get() : prev_; ref) {
     static_assert(sizeof(TraceRecord) % sizeof(std::uintptr_t) == 0, "a trace entry is whole words");
-    fast_ref_ = prev_->entries.empty() ? nullptr : &prev_->entries.front().address;
+    fast_ref_ = ref->entries.empty() ? nullptr : &ref->entries.front().address;
     fast_ref_stride_ = sizeof(TraceRecord) / sizeof(std::uintptr_t);
-    fast_ref_n_ = prev_->entries.size();
+    fast_ref_n_ = ref->entries.size();
   }
   fast_layout_ = &l;
   fast_phase_ = phase_;
@@ -793,7 +792,7 @@ void StepPlanner::begin_step(std::uint64_t key) {
   pending_pos_ = kNoPosition;
   step_conflicts_ = 0;
   cur_hits_ = cur_same_ = cur_comparable_ = 0;
-  cur_ = std::make_unique<StepTrace>();
+  cur_ = fresh_trace();
   cur_->step = step_;
   cur_->opener = thread_tag();
   // Frees of the previous step's buffers that happened after it ended count
@@ -852,6 +851,20 @@ void StepPlanner::begin_step(std::uint64_t key) {
     cur_->phase = phase_;
     cur_->replayed = true;
   }
+}
+
+std::unique_ptr<StepPlanner::StepTrace> StepPlanner::fresh_trace() {
+  if (!spare_) return std::make_unique<StepTrace>();
+  std::unique_ptr<StepTrace> t = std::move(spare_);
+  // Every field as a new trace has it, the two per-entry vectors' room kept.
+  std::vector<TraceRecord> entries = std::move(t->entries);
+  std::vector<std::uint64_t> threads = std::move(t->threads);
+  *t = StepTrace{};
+  entries.clear();
+  threads.clear();
+  t->entries = std::move(entries);
+  t->threads = std::move(threads);
+  return t;
 }
 
 void StepPlanner::release_territory() {
@@ -1019,8 +1032,8 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::end_step() {
   auto& slot = last_by_key_[key_];
   if (slot) {
     cur_->prior_replayed_id = slot->replayed_id;
-    cur_->prior_addresses.reserve(slot->entries.size());
-    for (const TraceRecord& e : slot->entries) cur_->prior_addresses.push_back(e.address);
+    spare_ = std::move(slot->prior);  // two steps of the key back: no one reads it now
+    cur_->prior = std::move(slot);
   }
   slot = std::move(cur_);
   last_ = slot.get();

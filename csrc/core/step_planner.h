@@ -248,9 +248,11 @@ class StepPlanner {
     std::vector<ForeignFree> foreign_frees;
     int phase = -1;  // the phase it replayed (-1: not replayed)
     std::uint64_t layout_id = 0;  // the layout whose variant it was (Layout::id; 0: none)
-    // Addresses of the step of its key before it (an alternating layout's
-    // step repeats the addresses of the last step of the same phase).
-    std::vector<std::uintptr_t> prior_addresses;
+    // The step of its key before it, kept while this one is its key's last
+    // (an alternating layout's step repeats the addresses of the last step
+    // of the same phase: prior->entries[i].address). Its own `prior` is
+    // empty (end_step recycles the one before it).
+    std::unique_ptr<StepTrace> prior;
     std::uint64_t prior_replayed_id = 0;  // the layout that step replayed (its id; 0: none)
     // It began replaying a layout (`phase` is also set on the step a plan
     // was made from, so that the next step replays phase 0).
@@ -490,6 +492,9 @@ class StepPlanner {
   // before (concurrent work on other threads); their live blocks leave the
   // step. Returns whether anything was dropped.
   bool drop_irregular_threads();
+  // A new open step's trace: spare_ reset to a new trace's fields (its
+  // entries' and threads' room kept), else a new one.
+  std::unique_ptr<StepTrace> fresh_trace();
   // Whether the obstacles a layout was planned around (blocks live in its
   // territory at plan time that were no part of the step: another thread's,
   // or one a step kept past its planned death) have mostly died: at least
@@ -605,6 +610,10 @@ class StepPlanner {
   std::unique_ptr<StepTrace> cur_;
   // The last completed step of each key, and the one of the open step's key.
   std::map<std::uint64_t, std::unique_ptr<StepTrace>> last_by_key_;
+  // A trace no key holds any more (end_step), made the next open step's by
+  // begin_step with its entries' and threads' room kept: a replayed step
+  // then allocates no trace (a fresh one was 3 vectors a step).
+  std::unique_ptr<StepTrace> spare_;
   StepTrace* prev_ = nullptr;
   StepTrace* last_ = nullptr;  // the last completed step, any key
   std::vector<std::unique_ptr<Layout>> layouts_;
