@@ -92,6 +92,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <iterator>
 #include <vector>
 
 #include <functional>
@@ -258,12 +259,19 @@ class StepPlanner {
     // was made from, so that the next step replays phase 0).
     bool replayed = false;
     std::uint64_t replayed_id = 0;  // the layout it replayed at its end (Layout::id; 0: none)
-    std::vector<std::uint64_t> threads;  // per entry: the allocating thread (thread_tag())
+    // Per entry, the allocating thread (thread_tag()), kept only once some
+    // entry is another thread's than the opener (other_threads): empty
+    // until then, every entry being the opener's (a replayed step's fast
+    // path serves the opener only, and filling a column of one value was 8
+    // instructions a request). Read it through thread().
+    std::vector<std::uint64_t> threads;
     std::uint64_t opener = 0;            // the thread that began the step
     // Some entry was recorded for another thread than the opener (record_entry;
     // it stays set when such entries are dropped or reordered): false means
-    // every entry of `threads` is `opener`.
+    // every entry is the opener's and `threads` is empty.
     bool other_threads = false;
+    // The thread of entry i (i < entries.size()).
+    std::uint64_t thread(std::size_t i) const { return other_threads ? threads[i] : opener; }
     // Some entry's stream differs from the first entry's (record_entry and
     // materialize_fast keep it; dropping entries may leave it set). False:
     // every entry is on the first one's stream.
@@ -391,7 +399,7 @@ class StepPlanner {
   // The thread that made position i's request in the step of its key
   // before (position order); 0 when not known.
   std::uint64_t position_thread(std::size_t i) const {
-    return prev_ && i < prev_->threads.size() ? prev_->threads[i] : 0;
+    return prev_ && i < prev_->entries.size() ? prev_->thread(i) : 0;
   }
   // Serves the request at the calling thread's (`tag`) next position after
   // `i` (within the window, not yet served) when the request fits it: at its
@@ -572,6 +580,35 @@ class StepPlanner {
     std::size_t rounded, requested;      // bytes
   };
   std::vector<FastRecord> fast_rec_;  // per position
+  // Positions [i, end) as the trace entries materialize_fast makes of their
+  // records (a forward iterator, so that vector::insert constructs each
+  // entry once, in room reserved before).
+  struct FastEntries {
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = TraceRecord;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const TraceRecord*;
+    using reference = TraceRecord;
+    const FastRecord* f = nullptr;
+    const ReplayRoute* route = nullptr;
+    std::uintptr_t base = 0;
+    StreamId stream = 0;
+    std::size_t i = 0;
+    TraceRecord operator*() const {
+      return TraceRecord{f[i].rounded, stream, f[i].alloc_time, f[i].free_time, base + route->offset(i), 0};
+    }
+    FastEntries& operator++() {
+      ++i;
+      return *this;
+    }
+    FastEntries operator++(int) {
+      FastEntries old = *this;
+      ++i;
+      return old;
+    }
+    bool operator==(const FastEntries& o) const { return i == o.i; }
+    bool operator!=(const FastEntries& o) const { return i != o.i; }
+  };
   std::size_t fast_next_ = 0;          // the step's next position while armed
   void materialize_fast();
   // The reference addresses record_entry compares with (reference_address):
