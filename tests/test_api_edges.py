@@ -262,3 +262,40 @@ def test_arena_calls_let_errors_of_index_through(C):
         with pytest.raises(type(exc)):
             a.allocate(Boom(exc))
     assert a.stats()["allocated_bytes"]["all"]["current"] == 0
+
+
+def test_memory_summary_gives_the_steady_address_stability_beside_the_last_steps():
+    # A new user read "Address stability (last step)" after 8 steps and asked for the whole
+    # run's figure: the summary now also gives the steady steps' one (same_address /
+    # comparable, the replays compared with an earlier replay of their layout).
+    import textwrap
+
+    from conftest import run_python
+
+    r = run_python(textwrap.dedent("""
+        import torch, torch_renaissance as tr
+        tr.install("cpu")
+        m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        opt = torch.optim.SGD(m.parameters(), 0.1)
+        lines = []
+        for i in range(8):
+            with tr.step():
+                loss = m(torch.randn(8, 32)).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            if i == 0:
+                out = tr.memory_summary("cpu")
+                row = next(l for l in out.splitlines() if "(steady steps)" in l)
+                assert "none yet" in row, row  # nothing replayed yet
+        s = tr.memory_stats("cpu")
+        same, comparable = s["renaissance.same_address"], s["renaissance.comparable"]
+        assert comparable > 0
+        assert s["renaissance.address_stability_steady"] == same / comparable
+        out = tr.memory_summary("cpu")
+        row = next(l for l in out.splitlines() if "(steady steps)" in l)
+        assert f"{100 * same / comparable:.1f}%" in row, row
+        assert {len(l) for l in out.splitlines()} == {91}, out
+        print("OK", same, comparable)
+    """))
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr + r.stdout

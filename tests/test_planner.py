@@ -867,3 +867,16 @@ def test_cli_plan_says_bytes_when_a_size_is_above_load_by_under_a_hundredth_perc
     from torch_renaissance.cli import _vs_load
 
     assert _vs_load(n, load) == expected
+
+
+def test_plan_result_repr_names_the_numbers_not_every_offset():
+    # A new user's print(plan_trace(t)) dumped every offset (20 KB for a 1,000-buffer trace).
+    from torch_renaissance import planner as P
+
+    # 600 buffers: 200 x (4 + 6 bytes live in [0, 2)), then 200 x 8 bytes in [2, 3).
+    r = P.plan_lifetimes([(4, 0, 2), (6, 0, 2), (8, 2, 3)] * 200, budget_seconds=0.1)
+    text = repr(r)
+    assert len(text) < 400
+    assert f"plan_bytes={r.plan_bytes}" in text and f"load_bytes={r.load_bytes}" in text
+    assert "offsets=<600 offsets>" in text
+    assert len(r.offsets) == 600  # the field itself is whole

@@ -27,6 +27,16 @@ class PlanResult:
     optimal: bool = False     # plan_bytes == lower_bound_bytes: no valid plan is smaller
     stopped_by: str = ""      # "bound", "work" (deterministic count), "clock" (wall time), "done"
 
+    def __repr__(self) -> str:
+        # Every field but the offsets, which are one per buffer (a 1,000-buffer trace's repr
+        # was 20 KB): their count instead. ``.offsets`` has them.
+        over = (self.plan_bytes - self.load_bytes) / self.load_bytes if self.load_bytes else 0.0
+        return (f"PlanResult(plan_bytes={self.plan_bytes}, load_bytes={self.load_bytes} "
+                f"({over:+.3%} over LOAD), greedy_bytes={self.greedy_bytes}, "
+                f"lower_bound_bytes={self.lower_bound_bytes}, optimal={self.optimal}, "
+                f"stopped_by={self.stopped_by!r}, method={self.method!r}, "
+                f"seconds={self.seconds:.3f}, offsets=<{len(self.offsets)} offsets>)")
+
 
 def _ext():
     from torch_renaissance.extension import extension

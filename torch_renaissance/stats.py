@@ -74,6 +74,10 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict:
     r["hit_rate"] = r["planned_hits"] / requests if requests else 0.0
     comparable = r["last_step_comparable"]
     r["address_stability"] = r["last_step_same_address"] / comparable if comparable else 0.0
+    # Over every replayed step compared with an earlier replay of its layout (what `run`'s
+    # report calls "steady steps"): the first replays, compared with the recorded step's
+    # dynamic-pool addresses, are left out.
+    r["address_stability_steady"] = r["same_address"] / r["comparable"] if r["comparable"] else 0.0
     bound = r["step_load_bytes"] + r["obstacle_bytes"]
     r["plan_over_step_load_and_obstacles"] = r["plan_bytes"] / bound if bound else 0.0
     r["plan_over_load"] = r["plan_over_step_load_and_obstacles"]  # old name, one release
@@ -104,7 +108,8 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     inside it; old name ``plan_over_load``), ``variants``, ``layouts``, ``address_stability``
     (fraction of the last step's allocations at the same address as in the
     step before; ``same_address`` / ``comparable``: the same two counts summed over
-    the replayed steps whose reference step replayed too), ``give_ups`` / ``given_up`` (structures whose replays kept missing,
+    the replayed steps whose reference step replayed too, and
+    ``address_stability_steady``, their quotient), ``give_ups`` / ``given_up`` (structures whose replays kept missing,
     frozen: how many times, how many now), ``pending_bytes.*``, ``events_recorded``,
     ``event_queries``.
 
@@ -252,6 +257,9 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         ("LOAD (step + persistent)", _fmt(s["renaissance.load_bytes"]).strip()),
         ("Variants / layouts", f"{s['renaissance.variants']} / {s['renaissance.layouts']}"),
         ("Address stability (last step)", f"{100 * s['renaissance.address_stability']:.1f}%"),
+        ("Address stability (steady steps)",
+         f"{100 * s['renaissance.address_stability_steady']:.1f}%" if s["renaissance.comparable"]
+         else "none yet"),
         ("Pending stream-use bytes", _fmt(s["renaissance.pending_bytes.current"]).strip()),
         ("Events recorded / queried",
          f"{s['renaissance.events_recorded']} / {s['renaissance.event_queries']}"),
