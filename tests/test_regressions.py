@@ -314,3 +314,22 @@ def test_alternating_layout_addresses_repeat_two_steps_back_from_step_5():
     # Step first is a phase's first replay: not every address is the step's
     # two before (recorded, or the bridge).
     assert addrs[first - 1] != addrs[first - 3]
+
+
+def test_readme_using_it_example_runs_as_written():
+    # A new user could not paste the "Using it" snippet (`model, opt = ...` placeholders); it
+    # is now a whole program. Run it as the README shows it: 8 steps, 2 recorded, 6 replayed,
+    # every replayed allocation a plan hit.
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Using it"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
+            for line in r.stdout.splitlines() if line.count("|") >= 3}
+    assert rows["Planned steps"] == "6 of 8", rows
+    hits, misses, conflicts = (int(v) for v in rows["Plan hits / misses / conflicts"].split(" / "))
+    assert hits > 0 and misses == 0 and conflicts == 0, rows

@@ -200,3 +200,39 @@ def test_another_threads_op_flushes_and_the_owner_goes_on_locked(C):
     assert r["last_step_hits"] == 4
     arena.check_invariants()
     assert arena.stats()["allocation"]["all"]["current"] == 0
+
+
+def test_a_long_step_after_short_ones_is_served_fast_past_their_length(C):
+    # A breaker found (s19): with the threads column kept only for other threads' entries, its
+    # unused room (a short step's length) still capped where the fast path stopped, so a
+    # 60-allocation step after 20-allocation steps of its key took the locked path from
+    # position 20 on (2 fast hits instead of 35 in "SSLSL"'s last step). The fast path's end
+    # must not depend on the trace's history: the room for every routed position is reserved
+    # when it is armed.
+    rng = random.Random(5)
+    sizes = {"L": [64 * rng.randrange(1, 100) for _ in range(60)],
+             "S": [64 * rng.randrange(1, 100) for _ in range(20)]}
+    for pattern in ("SSLSL", "SLSLSL", "SSLLSSL"):
+        arena = C.Arena(C.HostDevice(), plan_budget_seconds=0)
+        replayed_long = 0
+        for i, c in enumerate(pattern):
+            before = arena.stats()["renaissance"]
+            arena.begin_step(1)
+            live = []
+            for s in sizes[c]:
+                live.append(arena.allocate(s))
+                if len(live) > 4:
+                    arena.deallocate(live.pop(0))
+            for p in live:
+                arena.deallocate(p)
+            arena.end_step()
+            arena.check_invariants()
+            after = arena.stats()["renaissance"]
+            hits = after["planned_hits"] - before["planned_hits"]
+            fast = after["planned_fast_hits"] - before["planned_fast_hits"]
+            if c == "L" and hits == 60:
+                replayed_long += 1
+                # More than half the step on the fast path, whatever ran before it (the
+                # positions below a short step's 20 alone cannot give that).
+                assert fast >= 30, (pattern, i, fast)
+        assert replayed_long >= 1, pattern

@@ -647,6 +647,12 @@ Segment* StepPlanner::arm_fast() {
   fast_stream_ = l.stream;
   fast_top_ = seg->plan_top;
   fast_first_ = layouts_.size() > 1 ? kChooseWindow : 0;
+  // Room in the trace for every routed position, so that where the fast path
+  // stops does not depend on the trace's history (a recycled trace's room, or
+  // the step before's length: a step longer than that one stopped there).
+  const std::size_t positions = routes_[phase_].positions();
+  cur_->entries.reserve(positions);
+  if (cur_->other_threads) cur_->threads.reserve(positions);
   fast_refresh();
   fast_armed_ = true;
   return seg;
@@ -654,9 +660,13 @@ Segment* StepPlanner::arm_fast() {
 
 void StepPlanner::fast_refresh() noexcept {
   // The slow path may have recorded entries (the flush made the fast path's).
+  // The threads column's room counts only once it is kept (other_threads):
+  // otherwise the flush does not touch it (and another thread's entry, which
+  // begins it, disarms the fast path until the opener arms it again).
   fast_next_ = cur_->entries.size();
-  fast_end_ = std::max(fast_first_, std::min({routes_[fast_phase_].positions(),
-                                               cur_->entries.capacity(), cur_->threads.capacity()}));
+  std::size_t room = std::min(routes_[fast_phase_].positions(), cur_->entries.capacity());
+  if (cur_->other_threads) room = std::min(room, cur_->threads.capacity());
+  fast_end_ = std::max(fast_first_, room);
 }
 
 bool StepPlanner::fast_valid() const {
