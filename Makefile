@@ -149,7 +149,8 @@ DEBUG_TESTS := tests/test_core.py tests/test_planned.py tests/test_contract.py \
 	tests/test_replay_deviation.py tests/test_replay_fast_path.py tests/test_replay_fast_livein.py \
 	tests/test_replay_lazy_trace.py tests/test_front_model.py tests/test_reordered_requests.py \
 	tests/test_keyed_steps.py tests/test_step_stream_structure.py tests/test_cross_step.py \
-	tests/test_variant_backoff.py tests/test_recorded_steps.py tests/test_step_structures.py
+	tests/test_variant_backoff.py tests/test_recorded_steps.py tests/test_step_structures.py \
+	tests/test_step_end_fuzz.py
 DEBUG_SKIP := not variable_lengths_reserved_stops_growing and not gpt_30_steps and \
 	not alternating_batch_sizes and not fuzz_200k_ops_four_streams and \
 	not other_threads_allocate_while_a_step_is_planned
