@@ -447,7 +447,12 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 // the generated two-phase steps from +2.0-9.6% over LOAD to +0.25% or less
 // (docs/benchmarks.md); on linear ones it found nothing the others did not,
 // and its work cost IOPDDL S 1 the later phases' plan at 1 s (+0.24% ->
-// +1.22%). Smaller instances get the search over the whole instance, and
+// +1.22%). Then first fit by end (the buffers that die last first): where
+// the logits-sized buffers around the loss topped every other pass's plan
+// (alternating_step 4,000-16,000 buffers, 4 of 30 seeds: +3.8% to +11.3% at
+// 0.25 s, the 8,000-buffer ones at 1 s too) it gives +0.026-0.053%; one seed
+// of the 30 got worse at 0.25 s (+4.82% -> +5.65%, the later phases' work),
+// none at 1 s (docs/benchmarks.md, issue 12's sixteenth pass). Smaller instances get the search over the whole instance, and
 // keep the plans they had (a 300-buffer looped step's plan by length class
 // left 45 of its 154 positions to the locked path in
 // tests/test_replay_fast_livein.py).
@@ -455,6 +460,7 @@ std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
   std::vector<Constructive> p;
   if (cyclic && n > kSearchMaxItems) {
     p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class", true});
+    p.push_back({Order::kEnd, Fit::kFirst, "first_fit_by_end", true});
   } else if (n > kCheapFirstFit) {
     // With a budget, plan_with_stop runs this one before the baseline and
     // skips it here; with budget 0 it runs here, first of the passes.

@@ -302,6 +302,18 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
       });
       break;
     }
+    case Order::kEnd:
+      // The buffers that die last first (a cyclic instance's wrapping ones
+      // before all others), each at the lowest gap that fits (first fit:
+      // planner.cpp's portfolio), so that what dies together lies together
+      // from the top of time down.
+      sort([&](std::uint32_t a, std::uint32_t b) {
+        const std::int64_t ea = inst.start[a] + inst.duration[a], eb = inst.start[b] + inst.duration[b];
+        if (ea != eb) return ea > eb;
+        if (sz[a] != sz[b]) return sz[a] > sz[b];
+        return a < b;
+      });
+      break;
     case Order::kPressure:
     case Order::kPressureArea: {
       const std::vector<std::uint64_t> pr = pressures(inst);

@@ -73,6 +73,7 @@ enum class Order {
                // then duration (upper - lower, original time) desc, then size desc
   kLengthClass,  // duration class desc (floor(log2 duration)), then end (lower + duration)
                  // asc, then size desc
+  kEnd,          // end (lower + duration, original time) desc, then size desc
 };
 std::vector<std::uint32_t> make_order(const Instance& inst, Order order);
 // Per free item: max of inst.live over its pieces.
