@@ -452,10 +452,10 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 // (alternating_step 4,000-16,000 buffers, 4 of 30 seeds: +3.8% to +11.3% at
 // 0.25 s, the 8,000-buffer ones at 1 s too) it gives +0.026-0.053%; one seed
 // of the 30 got worse at 0.25 s (+4.82% -> +5.65%, the later phases' work),
-// none at 1 s (docs/benchmarks.md, issue 12's sixteenth pass). Smaller instances get the search over the whole instance, and
-// keep the plans they had (a 300-buffer looped step's plan by length class
-// left 45 of its 154 positions to the locked path in
-// tests/test_replay_fast_livein.py).
+// none at 1 s (docs/benchmarks.md, issue 12's sixteenth pass). Smaller
+// instances get the search over the whole instance, and keep the plans they
+// had (a 300-buffer looped step's plan by length class left 45 of its 154
+// positions to the locked path in tests/test_replay_fast_livein.py).
 std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
   std::vector<Constructive> p;
   if (cyclic && n > kSearchMaxItems) {

@@ -89,10 +89,10 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
-#include <iterator>
 #include <vector>
 
 #include <functional>
