@@ -277,7 +277,6 @@ def test_memory_summary_gives_the_steady_address_stability_beside_the_last_steps
         tr.install("cpu")
         m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
         opt = torch.optim.SGD(m.parameters(), 0.1)
-        lines = []
         for i in range(8):
             with tr.step():
                 loss = m(torch.randn(8, 32)).pow(2).mean()

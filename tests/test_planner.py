@@ -618,6 +618,22 @@ def diff_load(sizes, lowers, uppers, period):
     return best
 
 
+def _plan_cyclic_within_half_a_percent(C, n, seed, budget):
+    """Plans ``alternating_step(n, seed)`` (clock off: the same plan on every machine) and
+    checks the plan: LOAD as the test computes it, the height by a sweep, at most +0.5% over
+    LOAD. Returns the instance ``(lifetimes, period)``."""
+    from torch_renaissance.synthetic import alternating_step
+
+    lt, period = alternating_step(n, seed)
+    sizes, lowers, uppers = (list(c) for c in zip(*lt))
+    r = C.plan(sizes, lowers, uppers, period, [], budget, clock_seconds=math.inf)
+    load = diff_load(sizes, lowers, uppers, period)
+    assert r["load"] == load
+    assert sweep_check(sizes, lowers, uppers, r["offsets"], period) == r["size"]
+    assert r["size"] <= load * 1.005, (r["size"] / load, r["method"], r["stopped_by"])
+    return lt, period
+
+
 @pytest.mark.parametrize("n, seed, budget", [(2000, 2, 0.25), (3000, 3, 1.0), (2000, 6, 1.0)])
 def test_alternating_steps_plan_at_load(C, n, seed, budget):
     # Issue 12 / 16, the planner's gap: the two-phase problem of a loop that keeps
@@ -629,16 +645,8 @@ def test_alternating_steps_plan_at_load(C, n, seed, budget):
     # runs on such cyclic instances, and reaches LOAD at the step planner's budget
     # (0.25 s) or at the benchmark's (1 s), the clock off (plans the same on every
     # machine).
-    from torch_renaissance.synthetic import alternating_step
-
-    lt, period = alternating_step(n, seed)
-    sizes, lowers, uppers = (list(c) for c in zip(*lt))
-    assert sum(u > period for u in uppers) > 0  # the instance is cyclic, with wrapping buffers
-    r = C.plan(sizes, lowers, uppers, period, [], budget, clock_seconds=math.inf)
-    load = diff_load(sizes, lowers, uppers, period)
-    assert r["load"] == load
-    assert sweep_check(sizes, lowers, uppers, r["offsets"], period) == r["size"]
-    assert r["size"] <= load * 1.005, (r["size"] / load, r["method"], r["stopped_by"])
+    lt, period = _plan_cyclic_within_half_a_percent(C, n, seed, budget)
+    assert sum(u > period for _, _, u in lt) > 0  # the instance is cyclic, with wrapping buffers
 
 
 @pytest.mark.parametrize("n, seed, budget", [(8000, 25, 1.0), (14000, 33, 1.0), (16000, 34, 0.25)])
@@ -652,16 +660,8 @@ def test_large_alternating_steps_plan_near_load(C, n, seed, budget):
     # baseline left no room for that pass in the passes' half of the work count on
     # 15,452 buffers (greedy's plan, +10.4%); it now runs whenever the work count
     # can pay for it: +0.072%.
-    from torch_renaissance.synthetic import alternating_step
-
-    lt, period = alternating_step(n, seed)
-    sizes, lowers, uppers = (list(c) for c in zip(*lt))
+    lt, _ = _plan_cyclic_within_half_a_percent(C, n, seed, budget)
     assert len(lt) > 6000
-    r = C.plan(sizes, lowers, uppers, period, [], budget, clock_seconds=math.inf)
-    load = diff_load(sizes, lowers, uppers, period)
-    assert r["load"] == load
-    assert sweep_check(sizes, lowers, uppers, r["offsets"], period) == r["size"]
-    assert r["size"] <= load * 1.005, (r["size"] / load, r["method"], r["stopped_by"])
 
 
 @pytest.mark.parametrize("n, seed", [(4000, 3), (8000, 1), (8000, 4), (16000, 3)])
@@ -671,15 +671,7 @@ def test_alternating_steps_whose_logits_top_the_plan_are_planned_by_end(C, n, se
     # five ticks long around the loss) sat on top, no gap their size left below them where
     # 0.99 x LOAD is live. First fit by end, the buffers that die last first (the wrapping ones
     # before all others), leaves their room: +0.026% to +0.053%.
-    from torch_renaissance.synthetic import alternating_step
-
-    lt, period = alternating_step(n, seed)
-    sizes, lowers, uppers = (list(c) for c in zip(*lt))
-    r = C.plan(sizes, lowers, uppers, period, [], 0.25, clock_seconds=math.inf)
-    load = diff_load(sizes, lowers, uppers, period)
-    assert r["load"] == load
-    assert sweep_check(sizes, lowers, uppers, r["offsets"], period) == r["size"]
-    assert r["size"] <= load * 1.005, (r["size"] / load, r["method"], r["stopped_by"])
+    _plan_cyclic_within_half_a_percent(C, n, seed, 0.25)
 
 
 @pytest.mark.parametrize("n, seed", [(400, 0), (2000, 1), (6000, 5)])

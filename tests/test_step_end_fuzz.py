@@ -16,41 +16,17 @@ stats in the middle (a flush). After every step:
 """
 from __future__ import annotations
 
-import bisect
 import random
 import threading
 
 import pytest
-
-
-class LiveRanges:
-    """Live allocations as sorted starts; ``add`` fails on any overlap."""
-
-    def __init__(self):
-        self.starts, self.size = [], {}
-        self.lock = threading.Lock()
-
-    def add(self, p: int, n: int, what: str) -> None:
-        with self.lock:
-            i = bisect.bisect_left(self.starts, p)
-            assert i == len(self.starts) or self.starts[i] >= p + n, f"{what}: overlaps the next block"
-            assert i == 0 or self.starts[i - 1] + self.size[self.starts[i - 1]] <= p, \
-                f"{what}: overlaps the block before"
-            self.starts.insert(i, p)
-            self.size[p] = n
-
-    def remove(self, p: int) -> None:
-        with self.lock:
-            i = bisect.bisect_left(self.starts, p)
-            assert i < len(self.starts) and self.starts[i] == p
-            del self.starts[i]
-            del self.size[p]
+from test_core import Reference  # live blocks by start; add() fails on any overlap
 
 
 def _run(C, seed: int, steps: int) -> dict:
     rng = random.Random(seed)
     arena = C.Arena(C.HostDevice(), plan_budget_seconds=0)
-    live_ranges = LiveRanges()
+    live_ranges = Reference()
     keys = rng.choice([1, 2, 3, 5])
     programs = {
         k: [[rng.choice([256, 512, 1000, 4096, 7000, 65536, 300000])
@@ -76,14 +52,14 @@ def _run(C, seed: int, steps: int) -> dict:
                 def work():
                     for _ in range(3):
                         p = arena.allocate(2048)
-                        live_ranges.add(p, 2048, f"seed {seed} step {s}: worker")
+                        live_ranges.add(p, 2048)
                         worker_blocks.append(p)
                         made.append((p, 2048, "worker"))
                 t = threading.Thread(target=work)
                 t.start()
                 t.join()
             p = arena.allocate(n)
-            live_ranges.add(p, n, f"seed {seed} step {s} key {k} position {i}")
+            live_ranges.add(p, n)
             opener.append((p, n))
             made.append((p, n, "opener"))
             live.append(p)

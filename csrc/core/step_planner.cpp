@@ -463,19 +463,18 @@ void StepPlanner::record_entry(std::size_t size, StreamId stream, std::uintptr_t
   if (stream != cur_->entries.front().stream) cur_->mixed_streams = true;
 }
 
+const StepPlanner::StepTrace* StepPlanner::reference_trace() const {
+  // The step whose addresses a replayed step should repeat: the previous
+  // one, or in an alternating layout the one before it (the last step of the
+  // same phase).
+  if (!prev_) return nullptr;
+  return replaying_ && active_ && active_->phases == 2 ? prev_->prior.get() : prev_;
+}
+
 bool StepPlanner::reference_address(std::size_t i, std::uintptr_t& out) const {
-  // The address a replayed request i should repeat: the previous step's, or
-  // in an alternating layout the one of the step before it (the last step of
-  // the same phase).
-  if (!prev_) return false;
-  if (replaying_ && active_ && active_->phases == 2) {
-    const StepTrace* prior = prev_->prior.get();
-    if (!prior || i >= prior->entries.size()) return false;
-    out = prior->entries[i].address;
-    return true;
-  }
-  if (i >= prev_->entries.size()) return false;
-  out = prev_->entries[i].address;
+  const StepTrace* ref = reference_trace();
+  if (!ref || i >= ref->entries.size()) return false;
+  out = ref->entries[i].address;
   return true;
 }
 
@@ -630,9 +629,8 @@ Segment* StepPlanner::arm_fast() {
   // The reference addresses (reference_address, fixed for the step).
   fast_ref_ = nullptr;
   fast_ref_stride_ = fast_ref_n_ = 0;
-  // The previous step's entries, or in an alternating layout the ones of the
-  // step before it (none: nothing compared).
-  if (const StepTrace* ref = !prev_ ? nullptr : l.phases == 2 ? prev_->prior.get() : prev_; ref) {
+  // Armed only while replaying the active layout: reference_address's step.
+  if (const StepTrace* ref = reference_trace(); ref) {
     static_assert(sizeof(TraceRecord) % sizeof(std::uintptr_t) == 0, "a trace entry is whole words");
     fast_ref_ = ref->entries.empty() ? nullptr : &ref->entries.front().address;
     fast_ref_stride_ = sizeof(TraceRecord) / sizeof(std::uintptr_t);

@@ -488,6 +488,8 @@ class StepPlanner {
   void record_entry(std::size_t size, StreamId stream, std::uintptr_t address, std::uint64_t tag);
   // The address request i of the open step should repeat (false: none).
   bool reference_address(std::size_t i, std::uintptr_t& out) const;
+  // The trace reference_address reads (nullptr: none).
+  const StepTrace* reference_trace() const;
   void remember_variant(Layout* layout, std::vector<std::size_t> sizes);
   // A small number naming the calling thread (stable while it lives).
   static std::uint64_t thread_tag();
