@@ -49,6 +49,9 @@ constexpr double kLateRatio = 2.0;
 // +4%: 59k), were reached late or never (docs/benchmarks.md, issue 12's
 // eleventh pass).
 constexpr std::uint64_t kRaiseWindow = 8;
+// The exact schedule's node limit grows by this factor a round (see
+// search_small()).
+constexpr long double kExactGrowth = 1.25L;
 }  // namespace
 
 CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
@@ -409,6 +412,24 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
                                              std::int32_t lo, std::int32_t hi) {
   if (nodes_ >= node_limit_ || work_->out()) return Status::kAborted;
   ++nodes_;
+  // The section bounds with the floor each tick has without the candidates
+  // (floor_[t], and last_off: nothing left goes below it in canonical
+  // order) are necessary for check()'s, whose floors are at least these:
+  // most nodes fail them (MiniMalloc E: 99%), and a pass over the ticks
+  // costs far less than building the candidates' list first.
+  {
+    const std::uint64_t* total = total_.data();
+    const std::uint64_t* floor = floor_.data();
+    if (last_off > capacity_) return Status::kInfeasible;
+    const std::uint64_t room = capacity_ - last_off;
+    bool over = false;
+    for (std::int32_t t = lo; t < hi; ++t) {
+      const std::uint64_t f = floor[t];
+      over |= total[t] > room || (f > capacity_ || total[t] > capacity_ - f);
+    }
+    charge(8 + static_cast<std::uint64_t>(hi - lo) * 3 / 2);
+    if (over) return Status::kInfeasible;
+  }
   std::vector<Cand>& cur = levels_[depth];
   auto before = [](const Cand& a, const Cand& b) {
     return a.off != b.off ? a.off < b.off : a.rank < b.rank;
@@ -501,6 +522,75 @@ CanonicalSearch::Status CanonicalSearch::dfs_children(std::uint32_t depth,
     const std::uint64_t size = inst_.size[c.item];
     const std::uint64_t top = c.off + size;
     if (top > capacity_) continue;
+
+    // The child refuted before its placement is applied (and undone): the
+    // spatial inference below, then the section bounds of dfs()'s first
+    // test with the child's floors and totals (nothing left goes below
+    // c.off; over c's ticks its top is a floor and its size is placed).
+    // Most children fail here (MiniMalloc E: most nodes fail the section
+    // bounds), so their apply and undo were most of the search's time.
+    {
+      bool refuted = false, hatless_pre = true;
+      std::uint64_t steps = 4;
+      for (std::uint32_t j : overlaps_[c.item]) {
+        if (off_[j] != kUnplaced) continue;
+        hatless_pre = false;
+        if (min_off_[j] >= top) continue;
+        const std::uint64_t raised = obstacles_[j].empty() ? top : bump(j, top);
+        if (raised + inst_.size[j] > capacity_) {
+          refuted = true;
+          break;
+        }
+      }
+      steps += overlaps_[c.item].size();
+      if (refuted) {  // a dead end, as below: not a node
+        charge(steps);
+        continue;
+      }
+      const std::uint64_t room = capacity_ - c.off;
+      const std::uint64_t* total = total_.data();
+      const std::uint64_t* floor = floor_.data();
+      bool over = false;
+      std::int32_t a = lo;
+      const std::uint32_t k0 = inst_.piece_begin[c.item], k1 = inst_.piece_begin[c.item + 1];
+      // The pieces in tick order (at most two).
+      std::int32_t plo[2], phi[2];
+      std::uint32_t np = 0;
+      for (std::uint32_t k = k0; k < k1 && np < 2; ++k) {
+        plo[np] = inst_.pieces[k].lo;
+        phi[np] = inst_.pieces[k].hi;
+        ++np;
+      }
+      if (np == 2 && plo[1] < plo[0]) {
+        std::swap(plo[0], plo[1]);
+        std::swap(phi[0], phi[1]);
+      }
+      auto outside = [&](std::int32_t from, std::int32_t to) {
+        for (std::int32_t t = from; t < to; ++t) {
+          const std::uint64_t f = floor[t];
+          over |= total[t] > room || f > capacity_ || total[t] > capacity_ - f;
+        }
+      };
+      for (std::uint32_t q = 0; q < np; ++q) {
+        outside(a, std::max(a, std::min(plo[q], hi)));
+        for (std::int32_t t = std::max(plo[q], lo); t < std::min(phi[q], hi); ++t) {
+          const std::uint64_t f = std::max(floor[t], top);
+          const std::uint64_t left = total[t] - size;
+          over |= f > capacity_ || left > capacity_ - f;
+        }
+        a = std::max(a, std::min(phi[q], hi));
+      }
+      outside(a, hi);
+      steps += static_cast<std::uint64_t>(hi - lo);
+      charge(steps);
+      if (over) {
+        // The child node dfs() would have counted and refuted.
+        if (nodes_ >= node_limit_ || work_->out()) return Status::kAborted;
+        ++nodes_;
+        if (hatless_pre) break;
+        continue;
+      }
+    }
 
     off_[c.item] = c.off;
     const std::size_t mark = trail_.size();
@@ -760,6 +850,18 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
   auto round_limit = [&](std::uint64_t round) {
     return round >= 40 ? ~std::uint64_t{0} : std::uint64_t{n} << round;
   };
+  // The exact schedule's node limits grow by kExactGrowth a round, not
+  // double: its searches keep their tables of failed states, so a round
+  // goes on where the last one stopped (its cost is the new nodes, not the
+  // limit), and the pre-orders that do not find the plan spend about what
+  // the one that does needs, not up to twice that (MiniMalloc E at LOAD:
+  // 1.62M nodes instead of 2.27M; H 0.59M instead of 0.69M; B 0.49M
+  // instead of 0.43M).
+  auto exact_limit = [&](std::uint64_t round) {
+    const long double limit =
+        static_cast<long double>(n) * std::pow(kExactGrowth, static_cast<long double>(round));
+    return limit >= 1e18L ? ~std::uint64_t{0} : static_cast<std::uint64_t>(limit);
+  };
   // Level k >= 1 of the raise: the bound plus k steps, or kUnplaced once
   // that is not strictly between the bound and the best height.
   auto level_cap = [&](std::uint64_t k) {
@@ -792,7 +894,7 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     if ((!ladder_open && !raise_open) ||
         static_cast<double>(exact_used) <= ratio * static_cast<double>(others)) {
       const bool stop = attempt_with(exact_search[exact_k], lb, fixed_orders[exact_k],
-                                     &fixed_keys[exact_k], round_limit(exact_round), found);
+                                     &fixed_keys[exact_k], exact_limit(exact_round), found);
       exact_used += work.used() - before;
       if (stop) return;
       if (++exact_k == kExactKeys) {

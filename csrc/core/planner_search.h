@@ -15,7 +15,12 @@
 //     between the floor (lowest offset any remaining buffer there can take)
 //     and the capacity; with obstacles, per size class: the remaining bytes
 //     of buffers of size >= L must fit into the free ranges above the floor
-//     that are at least L long (see planner_obstacles.h);
+//     that are at least L long (see planner_obstacles.h). They are tested
+//     first with the floors a tick has without looking at the candidates
+//     (the placed tops over it and the canonical constraint), for each
+//     child before its placement is applied: most children fail that test,
+//     and it costs a pass over the ticks instead of a placement, its undo
+//     and a sorted candidate list;
 //   * failed states: the subtree below a node is a function of its
 //     candidates (item, lowest offset, rank), its time range and the
 //     canonical constraint (last offset, rank); a table of states proved
