@@ -47,7 +47,7 @@ PLANNER_SOURCES := $(wildcard csrc/core/planner*.cpp csrc/core/planner*.h)
 PLAN_TESTS := $(wildcard tests/cpp/planner/*.cpp tests/cpp/planner/*.h)
 build/plan_test: $(PLAN_TESTS) $(PLANNER_SOURCES)
 	@mkdir -p build
-	$(CXX) -O2 -std=c++17 -Wall -Wextra -Werror -Icsrc $(filter %.cpp,$(PLAN_TESTS)) \
+	$(CXX) -O2 -std=c++17 -Wall -Wextra -Werror -pthread -Icsrc $(filter %.cpp,$(PLAN_TESTS)) \
 	    $(filter %.cpp,$(PLANNER_SOURCES)) -o $@
 
 # An allocation's worst latency on another thread while a step is planned

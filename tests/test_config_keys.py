@@ -27,6 +27,7 @@ EXPECTED = {
     "plan_budget_ms": ("int", "ms", "250", 0, 3_600_000, None),
     "plan_budget_seconds": ("float", "s", "0.25", 0.0, 3600.0, "plan_budget_ms"),
     "plan_deterministic": ("bool", "", "False", None, None, None),
+    "plan_threads": ("int", "count", "2", 1, 2, None),
     "range_bytes": ("int", "bytes", "0", 0, 2**48, None),
     "small_segment": ("int", "bytes", "2097152", 1 * MiB, 2**40, None),
     "large_segment": ("int", "bytes", "20971520", 10 * MiB, 2**40, None),

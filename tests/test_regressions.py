@@ -235,7 +235,8 @@ def test_run_reports_a_bad_config_in_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "torch-renaissance run: torch_renaissance: unknown config key 'no_such_key'; known keys: "
         "max_reserved_mb, max_reserved_bytes, expandable_segments, stream_policy, planning, "
-        "max_variants, plan_budget_ms, plan_budget_seconds, plan_deterministic, range_bytes, small_segment, "
+        "max_variants, plan_budget_ms, plan_budget_seconds, plan_deterministic, plan_threads, range_bytes, "
+        "small_segment, "
         "large_segment"]
 
 

@@ -1038,7 +1038,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     results = {}
     for dev, tr_ in traces.items():
         try:
-            results[dev] = plan_trace(tr_, budget_seconds=args.budget)
+            results[dev] = plan_trace(tr_, budget_seconds=args.budget, threads=args.threads)
         except (ValueError, TypeError, OverflowError) as e:
             where = args.trace if dev is None else f"{args.trace} (device {dev})"
             print(f"torch-renaissance plan: {where}: cannot plan: {e}", file=sys.stderr)
@@ -1244,6 +1244,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--device", type=_device, default=None, metavar="N|all",
                    help="the device of a multi-device PyTorch snapshot, or 'all' (one row per "
                         "device and the totals)")
+    q.add_argument("--threads", type=int, choices=(1, 2), default=2,
+                   help="CPU threads for the search: 2 runs the branch and bound at the lower "
+                        "bound beside the other phases (traces up to 1,500 buffers); 1 keeps "
+                        "everything on one thread")
     q.add_argument("--png", metavar="PATH", default=None, help="draw the packing (address x time) to PATH")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(fn=cmd_plan)

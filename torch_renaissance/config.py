@@ -51,6 +51,7 @@ class Config:
     max_variants: int = 8
     plan_budget_ms: Union[int, float] = 250  # a float only when given as plan_budget_seconds
     plan_deterministic: bool = False
+    plan_threads: int = 2
     range_bytes: int = 0
     small_segment: int = 2 << 20
     large_segment: int = 20 << 20
@@ -66,6 +67,7 @@ class Config:
             "max_variants": self.max_variants,
             "plan_budget_seconds": self.plan_budget_ms / 1000.0,
             "plan_deterministic": self.plan_deterministic,
+            "plan_threads": self.plan_threads,
             "range_bytes": self.range_bytes,
             "small_segment": self.small_segment,
             "large_segment": self.large_segment,

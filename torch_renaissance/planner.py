@@ -107,23 +107,27 @@ def _seconds(value, what: str, allow_none: bool = False) -> float:
 
 
 def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: float = 1.0,
-                   seed: int = 0, clock_seconds: Optional[float] = None) -> PlanResult:
+                   seed: int = 0, clock_seconds: Optional[float] = None,
+                   threads: int = 2) -> PlanResult:
     """Plans buffers given as ``(size, lower, upper)`` (lifetime ``[lower, upper)``).
 
-    ``budget_seconds`` and ``seed`` as for :func:`plan_trace`; ``clock_seconds`` is the
-    wall-clock part of the budget (default: ``budget_seconds``; ``math.inf``: no clock, so the
-    plan depends on the input alone, however slow the machine).
+    ``budget_seconds``, ``seed`` and ``threads`` as for :func:`plan_trace`; ``clock_seconds``
+    is the wall-clock part of the budget (default: ``budget_seconds``; ``math.inf``: no clock,
+    so the plan depends on the input alone, however slow the machine).
 
     Raises:
         ValueError: a malformed buffer (``upper <= lower``, negative or non-integer values,
             a size of 2**63 or more), naming its index; a negative or non-integer ``seed``
-            (it must be below 2**64); a negative or NaN budget.
+            (it must be below 2**64); a negative or NaN budget; ``threads`` not 1 or 2.
     """
     columns = _columns(lifetimes)
     budget = _seconds(budget_seconds, "budget_seconds")
     clock = _seconds(clock_seconds, "clock_seconds", allow_none=True)
     seed = _whole(seed, "seed", 1 << 64)
-    r = _ext().plan(*columns, budget_seconds=budget, seed=seed, clock_seconds=clock)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads not in (1, 2):
+        raise ValueError(f"planner: threads must be 1 or 2, got {threads!r}")
+    r = _ext().plan(*columns, budget_seconds=budget, seed=seed, clock_seconds=clock,
+                    threads=threads)
     # The extension says 0 for "greedy did not finish"; with LOAD 0 (no buffers, or all of
     # size 0) greedy's 0 is a result.
     greedy = r["greedy_size"] if r["greedy_size"] or r["load"] == 0 else None
@@ -132,7 +136,7 @@ def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: fl
 
 
 def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
-               clock_seconds: Optional[float] = None) -> PlanResult:
+               clock_seconds: Optional[float] = None, threads: int = 2) -> PlanResult:
     """Plans every buffer of ``trace``.
 
     Args:
@@ -144,6 +148,10 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
         seed: seed of the randomized orderings.
         clock_seconds: the wall-clock part of the budget (default ``budget_seconds``);
             ``math.inf`` turns the clock off (reproducible plans on any machine).
+        threads: 2 (default) runs the search's branch and bound at the lower bound
+            (MiniMalloc's exact schedule) on a second CPU thread beside the other phases,
+            on traces of up to 1,500 buffers; 1 keeps everything on one thread. The two
+            give different plans; each is reproducible with the clock off.
 
     Returns:
         :class:`PlanResult`; ``offsets[i]`` belongs to ``trace.entries[i]``.
@@ -156,7 +164,7 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
     if not isinstance(trace, Trace):
         raise TypeError(f"plan_trace takes a Trace (torch_renaissance.trace.load_trace), not "
                         f"{type(trace).__name__}; plan_lifetimes takes (size, lower, upper) tuples")
-    return plan_lifetimes(trace.lifetimes(), budget_seconds, seed, clock_seconds)
+    return plan_lifetimes(trace.lifetimes(), budget_seconds, seed, clock_seconds, threads)
 
 
 def validate(lifetimes: Sequence[Tuple[int, int, int]], offsets: Sequence[int]) -> Optional[str]:

@@ -83,6 +83,7 @@ void set_key(ArenaConfig& c, std::string_view name, const Value& v) {
   else if (n == "plan_budget_ms") c.plan_budget_seconds = checked_uint(*k, v) / 1000.0;
   else if (n == "plan_budget_seconds") c.plan_budget_seconds = checked_float(*k, v);
   else if (n == "plan_deterministic") c.plan_deterministic = checked_bool(*k, v);
+  else if (n == "plan_threads") c.plan_threads = static_cast<unsigned>(checked_uint(*k, v));
   else if (n == "range_bytes") c.range_bytes = checked_uint(*k, v);
   else if (n == "small_segment") c.small_segment = checked_uint(*k, v);
   else if (n == "large_segment") c.large_segment = checked_uint(*k, v);
@@ -99,6 +100,7 @@ std::string get_key(const ArenaConfig& c, std::string_view name) {
     return number_text(c.plan_budget_seconds * 1000.0, Type::kFloat);
   }
   if (name == "plan_deterministic") return c.plan_deterministic ? "True" : "False";
+  if (name == "plan_threads") return std::to_string(c.plan_threads);
   if (name == "range_bytes") return std::to_string(c.range_bytes);
   if (name == "small_segment") return std::to_string(c.small_segment);
   if (name == "large_segment") return std::to_string(c.large_segment);

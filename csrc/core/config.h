@@ -40,6 +40,7 @@ struct ArenaConfig {
   std::size_t max_variants = 8;
   double plan_budget_seconds = 0.25;
   bool plan_deterministic = false;
+  unsigned plan_threads = 2;
   // Pool geometry (PyTorch's defaults).
   std::size_t small_size = std::size_t(1) << 20;
   std::size_t small_segment = std::size_t(2) << 20;
@@ -97,6 +98,9 @@ inline constexpr Key kConfigKeys[] = {
      "the planner stops at its work count only, never at the wall clock: a recorded step gets "
      "the same plan on every machine and load (a plan then takes as long as that work takes: "
      "about the budget on an idle reference machine, longer on a slower or loaded one)"},
+    {"plan_threads", Type::kUInt, "count", "2", 1, 2, nullptr, nullptr, 1.0,
+     "CPU threads per planner call: 2 runs the search's branch and bound at the lower bound on a "
+     "second thread (steps up to 1,500 buffers); 1 keeps the planner on its one background thread"},
     {"range_bytes", Type::kUInt, "bytes", "0", 0, 281474976710656.0 /* 2**48 */, nullptr,
      nullptr, 1.0,
      "address space reserved per expandable segment (0: from the device's memory); rounded up "

@@ -23,11 +23,16 @@
 #include "core/planner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <memory>
 #include <set>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "core/planner_bound.h"
@@ -46,6 +51,7 @@ using detail::Instance;
 using detail::kUnplaced;
 using detail::Order;
 using detail::Placer;
+using detail::Stop;
 using detail::Work;
 
 // Work units per second of budget. On the reference machine (2-core x86-64)
@@ -168,6 +174,88 @@ struct Best {
     method = how;
     return true;
   }
+};
+
+// The search's exact schedule (detail::ExactSchedule) on a second thread,
+// beside the phases on the calling thread (Options::threads). Each side has
+// its own work count: the thread's budget is what the caller's had left
+// when it started, with the same deadline, and a copy of the hard stop.
+// Each side records the root-budget unit count at which it reached its
+// lower bound (done()), and each stops once its own count passes the
+// other's (Work::set_rival): the plan returned is then a function of the
+// two counts, not of which thread ran faster (see take()).
+class ExactThread {
+ public:
+  static constexpr std::uint64_t kNever = ~std::uint64_t{0};
+
+  ExactThread(detail::ExactSchedule schedule, Work work, const Stop& stop,
+              std::uint64_t lower_bound, const Best& best)
+      : schedule_(std::move(schedule)), work_(work), stop_(stop), lower_bound_(lower_bound),
+        height_(best.height), offsets_(best.offsets), method_(best.method) {
+    work_.set_stop(&stop_);
+    work_.set_rival(&main_done_);
+    // Throws std::system_error when no thread can be started: the caller
+    // then runs the exact schedule itself.
+    thread_ = std::thread([this] { body(); });
+  }
+  ExactThread(const ExactThread&) = delete;
+  ExactThread& operator=(const ExactThread&) = delete;
+  // Unwinding past it (the hard stop, an error): the thread stops at its
+  // next poll.
+  ~ExactThread() {
+    if (thread_.joinable()) {
+      main_done_.store(0);
+      thread_.join();
+    }
+  }
+  // The count the calling side's Work stops at (its rival).
+  const std::atomic<std::uint64_t>* done() const { return &done_; }
+
+  // The calling side is done: `main_total` is its unit count at its lower
+  // bound (kNever when it did not reach it). Waits for the thread, then
+  // gives `best` the thread's plan when the thread reached its bound first
+  // (fewer units; a tie goes to the calling side) or, neither having
+  // reached it, when the thread's plan is strictly lower; raises
+  // `lower_bound` to what the thread proved. Rethrows the thread's error.
+  void take(std::uint64_t main_total, Best& best, std::uint64_t& lower_bound) {
+    main_done_.store(main_total);
+    thread_.join();
+    if (error_) std::rethrow_exception(error_);
+    lower_bound = std::max(lower_bound, lower_bound_);
+    const std::uint64_t thread_total = done_.load();
+    const bool thread_first = thread_total != kNever && thread_total < main_total;
+    if (thread_first || (main_total == kNever && height_ < best.height)) {
+      best.has_plan = true;
+      best.height = height_;
+      best.offsets = offsets_;
+      best.method = method_;
+    }
+  }
+
+ private:
+  void body() {
+    try {
+      schedule_.run(work_, lower_bound_, height_, offsets_, method_);
+      if (height_ <= lower_bound_) done_.store(work_.total());
+    } catch (const Stop::Reached&) {
+      // The hard stop: its plan so far is complete and valid; take() may
+      // still use it.
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+
+  detail::ExactSchedule schedule_;
+  Work work_;
+  Stop stop_;
+  std::uint64_t lower_bound_;
+  std::uint64_t height_;
+  std::vector<std::uint64_t> offsets_;
+  std::string method_;
+  std::atomic<std::uint64_t> done_{kNever};
+  std::atomic<std::uint64_t> main_done_{kNever};
+  std::exception_ptr error_;
+  std::thread thread_;
 };
 
 // Max over a range of counts, with range add (lazy, top-down).
@@ -552,6 +640,10 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
   if (std::isnan(options.clock_seconds)) {
     throw std::invalid_argument("planner: clock_seconds must not be NaN");
   }
+  if (options.threads != 1 && options.threads != 2) {
+    throw std::invalid_argument("planner: threads must be 1 or 2, got " +
+                                std::to_string(options.threads));
+  }
   Instance inst(problem);
   const double items = static_cast<double>(inst.num_items);
   const double floor_units = kFloorUnits + kFloorUnitsPerItem * items * std::log2(items + 2);
@@ -753,6 +845,21 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
       };
+      // The exact schedule on a second thread (Options::threads), started
+      // right before the search over the whole instance and joined after
+      // the phases that follow it; without one, the search runs it.
+      std::unique_ptr<ExactThread> exact_thread;
+      auto start_exact_thread = [&] {
+        if (options.threads < 2) return;
+        detail::ExactSchedule schedule(inst, map, work);
+        try {
+          exact_thread = std::make_unique<ExactThread>(std::move(schedule), work.child(work.left()),
+                                                       stop, lower_bound, best);
+        } catch (const std::system_error&) {
+          return;  // no thread: the search runs the schedule
+        }
+        work.set_rival(exact_thread->done());
+      };
       if (search) {
         std::uint64_t ticks = 0;
         for (std::uint32_t i = 0; i < inst.num_free; ++i) {
@@ -763,10 +870,12 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
       }
       if (obstacles && inst.num_items <= kRepairMaxItems) {
         if (search) {
+          start_exact_thread();
           Work share = work.child(
               static_cast<std::uint64_t>(static_cast<double>(work.left()) * kObstacleSearchShare));
           detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
-                               best.offsets, best.method, /*raise=*/true);
+                               best.offsets, best.method, /*raise=*/true,
+                               /*exact=*/exact_thread == nullptr);
           work.absorb(share);
         }
         detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
@@ -774,20 +883,24 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
       } else if (search && cyclic_search) {
         // A large cyclic instance: the search on a share, then the phases
         // of a large instance (below) on the rest.
+        start_exact_thread();
         Work share = work.child(
             static_cast<std::uint64_t>(static_cast<double>(work.left()) * kCyclicSearchShare));
         detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
-                             best.offsets, best.method, /*raise=*/true);
+                             best.offsets, best.method, /*raise=*/true,
+                             /*exact=*/exact_thread == nullptr);
         work.absorb(share);
         improve_then_repair();
       } else if (search) {
         // The search over the whole instance on kSmallSearchShare of what
         // is left, then the peak repair on the rest (ruin and recreate
         // after it, when the repair stops early).
+        start_exact_thread();
         Work share = work.child(
             static_cast<std::uint64_t>(static_cast<double>(work.left()) * kSmallSearchShare));
         detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
-                             best.offsets, best.method, /*raise=*/true);
+                             best.offsets, best.method, /*raise=*/true,
+                             /*exact=*/exact_thread == nullptr);
         work.absorb(share);
         detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
@@ -799,6 +912,11 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         // sub-search (windows at the peak, each solved with everything else
         // fixed) on the rest.
         improve_then_repair();
+      }
+      if (exact_thread) {
+        const bool at_bound = std::max(best.height, inst.fixed_top) <= lower_bound;
+        exact_thread->take(at_bound ? work.total() : ExactThread::kNever, best, lower_bound);
+        work.set_rival(nullptr);
       }
     }
 

@@ -76,6 +76,17 @@ struct Options {
   // machine, however loaded (it then takes as long as the work takes).
   double clock_seconds = -1.0;
   std::uint64_t seed = 0;
+  // Threads plan() may use, 1 or 2 (else std::invalid_argument). With 2
+  // (default), on an instance the search runs over as a whole (up to 1,500
+  // linear buffers; planner.cpp's kSearchMaxItems), the search's exact
+  // schedule (planner_search.h: ExactSchedule, the branch and bound at the
+  // lower bound) runs on a second thread beside the other phases, on the
+  // same budget and deadline; the first of the two to reach its lower bound
+  // (counted in work units, not wall time) gives the plan. With 1 the exact
+  // schedule takes turns with the other phases on the calling thread. Either
+  // way the plan depends on (Problem, Options) only while the work count
+  // stops the search; 1 and 2 give different plans.
+  unsigned threads = 2;
 };
 
 struct Result {

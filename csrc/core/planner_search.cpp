@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <utility>
 
 namespace renaissance::planner::detail {
 
@@ -752,26 +754,121 @@ std::uint64_t luby(std::uint64_t i) {
 }
 }  // namespace
 
+namespace {
+constexpr const char* kKeys[] = {"WAT", "TAW", "TWA", "ZWA", "AWT"};
+constexpr std::size_t kExactKeys = 3;  // MiniMalloc's default portfolio
+
+// What every schedule of search_small starts from: the search over the
+// instance (its state with nothing placed), the LOAD profile over each
+// item's lifetime and the five fixed pre-orders (no noise, so no draw from
+// the generator).
+struct Portfolio {
+  CanonicalSearch search;
+  std::vector<std::uint64_t> total;
+  std::vector<OrderKeys> keys;
+  std::vector<std::vector<std::uint32_t>> orders;
+
+  Portfolio(const Instance& inst, const ObstacleMap& map, Work& work)
+      : search(inst, map), total(pressures(inst)) {
+    // Building the search costs about a unit per (buffer, obstacle) pair
+    // overlapping in time and per tick of every lifetime.
+    work.add(search.obstacle_pairs());
+    work.add(static_cast<std::uint64_t>(inst.pieces.size()) * 4 + inst.num_free);
+    std::uint64_t unused = 0;
+    for (const char* k : kKeys) {
+      keys.push_back(order_keys(inst, k, 0.0, unused));
+      orders.push_back(preorder(keys.back(), total));
+    }
+  }
+};
+
+// The height of a found plan (obstacles included).
+std::uint64_t plan_height(const Instance& inst, const std::vector<std::uint64_t>& offs) {
+  return std::max(detail::height(inst, offs), inst.fixed_top);
+}
+}  // namespace
+
+struct ExactSchedule::State {
+  const Instance& inst;
+  std::vector<CanonicalSearch> searches;  // one per pre-order, tables kept
+  std::vector<OrderKeys> keys;
+  std::vector<std::vector<std::uint32_t>> orders;
+  std::uint64_t round = 1;
+  std::size_t k = 0;
+  std::vector<std::uint64_t> offs;
+
+  State(const Instance& i, const Portfolio& p, Work& work)
+      : inst(i),
+        searches(kExactKeys, p.search),
+        keys(p.keys.begin(), p.keys.begin() + kExactKeys),
+        orders(p.orders.begin(), p.orders.begin() + kExactKeys) {
+    work.add(kExactKeys * p.search.size());
+  }
+};
+
+ExactSchedule::ExactSchedule(const Instance& inst, const ObstacleMap& map, Work& work) {
+  if (inst.num_free == 0) return;
+  const Portfolio portfolio(inst, map, work);
+  state_ = std::make_unique<State>(inst, portfolio, work);
+}
+
+ExactSchedule::ExactSchedule(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ExactSchedule::ExactSchedule(ExactSchedule&&) noexcept = default;
+ExactSchedule& ExactSchedule::operator=(ExactSchedule&&) noexcept = default;
+ExactSchedule::~ExactSchedule() = default;
+
+bool ExactSchedule::turn(Work& work, std::uint64_t& lower_bound, std::uint64_t& height,
+                         std::vector<std::uint64_t>& offsets, std::string& method) {
+  if (!state_ || work.out() || height <= lower_bound) return true;
+  State& st = *state_;
+  // The node limit grows by kExactGrowth a round, not doubles: each
+  // pre-order's search keeps its table of failed states, so a round goes on
+  // where the last one stopped (its cost is the new nodes, not the limit),
+  // and the pre-orders that do not find the plan spend about what the one
+  // that does needs, not up to twice that (MiniMalloc E at LOAD: 1.62M nodes
+  // instead of 2.27M; H 0.59M instead of 0.69M; B 0.49M instead of 0.43M).
+  const long double grown = static_cast<long double>(st.inst.num_free) *
+                            std::pow(kExactGrowth, static_cast<long double>(st.round));
+  const std::uint64_t limit = grown >= 1e18L ? ~std::uint64_t{0} : static_cast<std::uint64_t>(grown);
+  st.offs = initial_offsets(st.inst);
+  const CanonicalSearch::Status status =
+      st.searches[st.k].solve(lower_bound, st.orders[st.k], limit, work, st.offs, &st.keys[st.k]);
+  if (status == CanonicalSearch::Status::kFound) {
+    const std::uint64_t h = plan_height(st.inst, st.offs);
+    if (h < height) {
+      height = h;
+      offsets = st.offs;
+      method = "canonical_search";
+    }
+  } else if (status == CanonicalSearch::Status::kInfeasible) {
+    lower_bound += 1;  // no plan at the bound
+  }
+  if (++st.k == kExactKeys) {
+    st.k = 0;
+    ++st.round;
+  }
+  return work.out() || height <= lower_bound;
+}
+
+void ExactSchedule::run(Work& work, std::uint64_t& lower_bound, std::uint64_t& height,
+                        std::vector<std::uint64_t>& offsets, std::string& method) {
+  while (!turn(work, lower_bound, height, offsets, method)) {
+  }
+}
+
 void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& lower_bound,
                   std::uint64_t seed, Work& work, std::uint64_t& height,
-                  std::vector<std::uint64_t>& offsets, std::string& method, bool raise) {
+                  std::vector<std::uint64_t>& offsets, std::string& method, bool raise,
+                  bool exact) {
   const std::uint32_t n = inst.num_free;
   if (n == 0 || height <= lower_bound) return;
-  CanonicalSearch search(inst, map);
-  // Building it costs about a unit per (buffer, obstacle) pair overlapping
-  // in time and per tick of every lifetime.
-  work.add(search.obstacle_pairs());
-  const std::vector<std::uint64_t> total = pressures(inst);
-  work.add(static_cast<std::uint64_t>(inst.pieces.size()) * 4 + n);
+  const Portfolio portfolio(inst, map, work);
+  const CanonicalSearch& search_proto = portfolio.search;
+  CanonicalSearch search = search_proto;
+  const std::vector<std::uint64_t>& total = portfolio.total;
   std::uint64_t rng = seed ^ 0x5eed5eed5eedull;
-  static constexpr const char* kKeys[] = {"WAT", "TAW", "TWA", "ZWA", "AWT"};
-  constexpr std::size_t kExactKeys = 3;  // MiniMalloc's default portfolio
-  std::vector<OrderKeys> fixed_keys;
-  std::vector<std::vector<std::uint32_t>> fixed_orders;
-  for (const char* keys : kKeys) {
-    fixed_keys.push_back(order_keys(inst, keys, 0.0, rng));
-    fixed_orders.push_back(preorder(fixed_keys.back(), total));
-  }
+  const std::vector<OrderKeys>& fixed_keys = portfolio.keys;
+  const std::vector<std::vector<std::uint32_t>>& fixed_orders = portfolio.orders;
   std::vector<std::uint64_t> offs;
   std::uint64_t& lb = lower_bound;  // raised when a capacity is proved infeasible
   const long double step = 0.005L;
@@ -814,8 +911,12 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
   // table of failed states from round to round (see CanonicalSearch::solve):
   // a round with a doubled node limit then skips what the last one proved
   // infeasible, instead of searching it again.
-  std::vector<CanonicalSearch> exact_search(kExactKeys, search);
-  work.add(kExactKeys * search.size());
+  // The exact schedule here, or (exact false) on the caller's second thread.
+  std::unique_ptr<ExactSchedule> exact_schedule;
+  if (exact) {
+    exact_schedule.reset(
+        new ExactSchedule(std::make_unique<ExactSchedule::State>(inst, portfolio, work)));
+  }
   // Three schedules share the budget, the exact one half of the first
   // kLateUnits and two thirds after (half and half without the raise), the
   // other two the rest, each run next by whichever has used least of its
@@ -842,25 +943,12 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
   //    following the Luby sequence times n, each run one 0.5% step below
   //    the best height so far and descending while the order succeeds.
   std::uint64_t exact_used = 0, raise_used = 0, ladder_used = 0;
-  std::uint64_t exact_round = 1, exact_k = 0;
   std::uint64_t raise_round = 1, raise_k = 0, raise_level = 0;
   std::uint64_t ladder_round = 0, ladder_k = 0;
   const std::uint64_t base = std::max<std::uint64_t>(64, n);
   std::vector<std::uint32_t> order;
   auto round_limit = [&](std::uint64_t round) {
     return round >= 40 ? ~std::uint64_t{0} : std::uint64_t{n} << round;
-  };
-  // The exact schedule's node limits grow by kExactGrowth a round, not
-  // double: its searches keep their tables of failed states, so a round
-  // goes on where the last one stopped (its cost is the new nodes, not the
-  // limit), and the pre-orders that do not find the plan spend about what
-  // the one that does needs, not up to twice that (MiniMalloc E at LOAD:
-  // 1.62M nodes instead of 2.27M; H 0.59M instead of 0.69M; B 0.49M
-  // instead of 0.43M).
-  auto exact_limit = [&](std::uint64_t round) {
-    const long double limit =
-        static_cast<long double>(n) * std::pow(kExactGrowth, static_cast<long double>(round));
-    return limit >= 1e18L ? ~std::uint64_t{0} : static_cast<std::uint64_t>(limit);
   };
   // Level k >= 1 of the raise: the bound plus k steps, or kUnplaced once
   // that is not strictly between the bound and the best height.
@@ -891,16 +979,12 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     // exact_used <= r * others gives the exact schedule r / (1 + r).
     // The peak repair's sub-searches (no raise) keep half and half.
     const double ratio = !raise ? 1.0 : before - start_used < kLateUnits ? kEarlyRatio : kLateRatio;
-    if ((!ladder_open && !raise_open) ||
-        static_cast<double>(exact_used) <= ratio * static_cast<double>(others)) {
-      const bool stop = attempt_with(exact_search[exact_k], lb, fixed_orders[exact_k],
-                                     &fixed_keys[exact_k], exact_limit(exact_round), found);
+    if (!exact_schedule && !ladder_open && !raise_open) return;
+    if (exact_schedule && ((!ladder_open && !raise_open) ||
+                           static_cast<double>(exact_used) <= ratio * static_cast<double>(others))) {
+      const bool stop = exact_schedule->turn(work, lb, height, offsets, method);
       exact_used += work.used() - before;
       if (stop) return;
-      if (++exact_k == kExactKeys) {
-        exact_k = 0;
-        ++exact_round;
-      }
       continue;
     }
     if (raise_open && (!ladder_open || raise_used <= ladder_used)) {

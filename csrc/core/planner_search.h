@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -223,9 +224,49 @@ std::vector<std::uint32_t> preorder(const OrderKeys& keys, const std::vector<std
 // best height, every pre-order at a level before the next level up (see
 // planner_search.cpp). The peak repair's sub-searches run
 // without it: their windows are small and usually reach their bound with the
-// other two.
+// other two. With `exact` false the exact schedule does not run here (the
+// caller runs an ExactSchedule on another thread) and the others share the
+// budget.
 void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& lower_bound,
                   std::uint64_t seed, Work& work, std::uint64_t& height,
-                  std::vector<std::uint64_t>& offsets, std::string& method, bool raise = false);
+                  std::vector<std::uint64_t>& offsets, std::string& method, bool raise = false,
+                  bool exact = true);
+
+// search_small's exact schedule on its own: MiniMalloc's round robin at the
+// lower bound over the WAT, TAW and TWA pre-orders (each part re-ordered as
+// the search splits it), each pre-order's search keeping its table of failed
+// states from round to round, node limits n * 1.25^round. plan() runs it on
+// a second thread beside the other schedules (Options::threads).
+//
+// Built on the calling thread (building polls the instance's stop and
+// charges `work`); run() may then go on another thread: it reads the
+// instance (which must outlive it) and nothing else shared, and polls only
+// the Work it is given. Deterministic: the same instance and work count give
+// the same plan.
+class ExactSchedule {
+ public:
+  ExactSchedule(const Instance& inst, const ObstacleMap& map, Work& work);
+  ExactSchedule(ExactSchedule&&) noexcept;
+  ExactSchedule& operator=(ExactSchedule&&) noexcept;
+  ~ExactSchedule();
+
+  // One pre-order's turn at `lower_bound`: a plan found lowers `height`
+  // (and sets `offsets`, `method`) when it is lower; a proof that there is
+  // none raises `lower_bound` by one. Returns true when the schedule is
+  // done: the budget is out or height <= lower_bound.
+  bool turn(Work& work, std::uint64_t& lower_bound, std::uint64_t& height,
+            std::vector<std::uint64_t>& offsets, std::string& method);
+  // Turns until done.
+  void run(Work& work, std::uint64_t& lower_bound, std::uint64_t& height,
+           std::vector<std::uint64_t>& offsets, std::string& method);
+
+ private:
+  struct State;
+  explicit ExactSchedule(std::unique_ptr<State> state);
+  friend void search_small(const Instance&, const ObstacleMap&, std::uint64_t&, std::uint64_t,
+                           Work&, std::uint64_t&, std::vector<std::uint64_t>&, std::string&, bool,
+                           bool);
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace renaissance::planner::detail

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -32,6 +33,16 @@ class Work {
                                        std::chrono::duration<double>(cap_seconds))) {}
   void add(std::uint64_t units) { used_ += units; }
   std::uint64_t used() const { return used_; }
+  // Units counted since the root budget began: the ancestors' when this
+  // child was made plus this budget's own.
+  std::uint64_t total() const { return base_ + used_; }
+  // A second thread's finish (planner.cpp: the exact schedule beside the
+  // other phases): the root-budget unit count at which it reached its lower
+  // bound, ~0 while it has not. Once total() passes it, out() is true for
+  // good: that thread's plan is the one returned, whatever this one finds
+  // after, so stopping changes nothing and keeps the result a function of
+  // the two work counts. Children inherit it.
+  void set_rival(const std::atomic<std::uint64_t>* rival) { rival_ = rival; }
   std::uint64_t left() const { return used_ >= limit_ ? 0 : limit_ - used_; }
   // True once the work count is spent, or the deadline passed or is too
   // near for the reserved tail (see reserve_tail()).
@@ -39,6 +50,10 @@ class Work {
   bool out() {
     poll(stop_);
     if (used_ >= limit_) return true;
+    if (rival_ != nullptr && base_ + used_ > rival_->load(std::memory_order_relaxed)) {
+      limit_ = used_;
+      return true;
+    }
     if (used_ >= next_poll_ || ++polls_ % 64 == 0) {
       next_poll_ = used_ + kPollUnits;
       if (!fits_clock(0)) return true;
@@ -130,6 +145,7 @@ class Work {
   std::uint64_t base_ = 0;    // units the ancestors had used when this child was made
   std::uint64_t tail_units_ = 0;  // work after this budget that the deadline must leave time for
   Stop* stop_ = nullptr;
+  const std::atomic<std::uint64_t>* rival_ = nullptr;
 };
 
 }  // namespace renaissance::planner::detail

@@ -2003,6 +2003,7 @@ std::unique_ptr<StepPlanner::PlanJob> StepPlanner::plan_step(std::vector<std::si
   auto job = std::make_unique<PlanJob>();
   job->boundary_fixed = boundary_fixed;
   job->options.budget_seconds = view_.config.plan_budget_seconds;
+  job->options.threads = view_.config.plan_threads;
   // plan_deterministic: no clock (planner.h), so the work count alone stops
   // every planner call of the job (bridges, pin rounds, refines included).
   if (view_.config.plan_deterministic) {

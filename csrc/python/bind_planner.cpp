@@ -58,12 +58,13 @@ void bind_planner(py::module_& m) {
       "plan",
       [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
          const std::vector<std::int64_t>& uppers, std::int64_t period, const FixedList& fixed,
-         double budget_seconds, std::uint64_t seed, double clock_seconds) {
+         double budget_seconds, std::uint64_t seed, double clock_seconds, unsigned threads) {
         planner::Problem p = problem_from(sizes, lowers, uppers, period, fixed);
         planner::Options o;
         o.budget_seconds = budget_seconds;
         o.clock_seconds = clock_seconds;
         o.seed = seed;
+        o.threads = threads;
         planner::Result r;
         {
           py::gil_scoped_release nogil;
@@ -73,7 +74,7 @@ void bind_planner(py::module_& m) {
       },
       py::arg("sizes"), py::arg("lowers"), py::arg("uppers"), py::arg("period") = 0,
       py::arg("fixed") = FixedList{}, py::arg("budget_seconds") = 1.0, py::arg("seed") = 0,
-      py::arg("clock_seconds") = -1.0);
+      py::arg("clock_seconds") = -1.0, py::arg("threads") = 2u);
   m.def(
       "greedy_by_size",
       [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,

@@ -143,6 +143,32 @@ std::uint64_t stop_everywhere(const Problem& p, const pl::Options& o, bool large
   return polls;
 }
 
+// With the exact schedule on a second thread (Options::threads 2) the hard
+// stop of the calling thread still ends plan() anywhere with a valid plan.
+// The calling thread's poll count is not fixed there (it stops once its
+// work count passes the second thread's finish, which it sees when the
+// thread has stored it), so the stops are drawn from the unstopped run's
+// count and a stop never reached must leave the plan as it was unstopped.
+void stop_with_second_thread(const Problem& p, pl::Options o, Gen& g, int sampled,
+                             const char* what) {
+  o.threads = 2;
+  Stop never;
+  const pl::Result full = plan_with_stop(p, o, &never);
+  const std::uint64_t polls = never.polls();
+  for (int s = 0; s < sampled; ++s) {
+    const auto k = 1 + static_cast<std::uint64_t>(g.uni(0, static_cast<std::int64_t>(polls)));
+    Stop stop = Stop::after_polls(k);
+    const pl::Result r = plan_with_stop(p, o, &stop);
+    if (stop.reached()) {
+      check_stopped(p, r, full, false, k, what);
+    } else {
+      CHECK(r.offsets == full.offsets && r.stopped_by == full.stopped_by,
+            "%s: two threads: a stop at poll %llu never reached changed the plan", what,
+            static_cast<unsigned long long>(k));
+    }
+  }
+}
+
 }  // namespace
 
 void test_stop_everywhere(int iterations) {
@@ -162,7 +188,9 @@ void test_stop_everywhere(int iterations) {
     o.budget_seconds = it % 2 == 0 ? 0.0 : 0.002;
     o.clock_seconds = kNoClock;
     o.seed = static_cast<std::uint64_t>(it);
+    o.threads = 1;  // one thread: its poll count is a function of the input
     total += stop_everywhere(p, o, false, g, 60, "small instance");
+    if (it % 2 == 1) stop_with_second_thread(p, o, g, 20, "small instance");
   }
   // One instance over 1,500 buffers (ruin and recreate, peak repair), a
   // sample of its polls.
@@ -170,6 +198,7 @@ void test_stop_everywhere(int iterations) {
   pl::Options o;
   o.budget_seconds = 0.02;
   o.clock_seconds = kNoClock;
+  o.threads = 1;
   total += stop_everywhere(big, o, true, g, std::max(20, iterations), "1,700 buffers");
   CHECK(total > 1000, "too few polls (%llu): phases do not poll", static_cast<unsigned long long>(total));
 }
