@@ -146,6 +146,8 @@ CanonicalSearch::CanonicalSearch(const Instance& inst, const ObstacleMap& map)
   }
   const std::size_t depth = 2 * static_cast<std::size_t>(n_) + 4;
   levels_.resize(depth);
+  most_.assign(depth, 0);
+  most_at_.assign(depth, 0);
   parts_.resize(depth);
   done_.resize(depth);
   points_.resize(depth);
@@ -425,12 +427,22 @@ CanonicalSearch::Status CanonicalSearch::dfs(std::uint32_t depth, const std::vec
     if (last_off > capacity_) return Status::kInfeasible;
     const std::uint64_t room = capacity_ - last_off;
     bool over = false;
+    // The most bytes left at a tick, and one tick that has them: the
+    // children's test reads it (see dfs_children()).
+    std::uint64_t most = 0;
+    std::int32_t most_at = lo;
     for (std::int32_t t = lo; t < hi; ++t) {
       const std::uint64_t f = floor[t];
       over |= total[t] > room || (f > capacity_ || total[t] > capacity_ - f);
+      if (total[t] > most) {
+        most = total[t];
+        most_at = t;
+      }
     }
     charge(8 + static_cast<std::uint64_t>(hi - lo) * 3 / 2);
     if (over) return Status::kInfeasible;
+    most_[depth] = most;
+    most_at_[depth] = most_at;
   }
   std::vector<Cand>& cur = levels_[depth];
   auto before = [](const Cand& a, const Cand& b) {
@@ -567,23 +579,29 @@ CanonicalSearch::Status CanonicalSearch::dfs_children(std::uint32_t depth,
         std::swap(plo[0], plo[1]);
         std::swap(phi[0], phi[1]);
       }
+      // Outside c's ticks the node passed the same test with a floor no
+      // higher (dfs()), so only `room` can fail there: when a tick with the
+      // node's most bytes left is outside c, that one tick decides it.
+      const std::int32_t most_at = most_at_[depth];
+      bool most_inside = false;
+      for (std::uint32_t q = 0; q < np; ++q) most_inside |= plo[q] <= most_at && most_at < phi[q];
+      const bool scan_outside = most_inside;
+      if (!scan_outside) over = most_[depth] > room;
       auto outside = [&](std::int32_t from, std::int32_t to) {
-        for (std::int32_t t = from; t < to; ++t) {
-          const std::uint64_t f = floor[t];
-          over |= total[t] > room || f > capacity_ || total[t] > capacity_ - f;
-        }
+        for (std::int32_t t = from; t < to; ++t) over |= total[t] > room;
+        steps += static_cast<std::uint64_t>(std::max(0, to - from));
       };
       for (std::uint32_t q = 0; q < np; ++q) {
-        outside(a, std::max(a, std::min(plo[q], hi)));
+        if (scan_outside) outside(a, std::max(a, std::min(plo[q], hi)));
         for (std::int32_t t = std::max(plo[q], lo); t < std::min(phi[q], hi); ++t) {
           const std::uint64_t f = std::max(floor[t], top);
           const std::uint64_t left = total[t] - size;
           over |= f > capacity_ || left > capacity_ - f;
         }
+        steps += static_cast<std::uint64_t>(std::max(0, std::min(phi[q], hi) - std::max(plo[q], lo)));
         a = std::max(a, std::min(phi[q], hi));
       }
-      outside(a, hi);
-      steps += static_cast<std::uint64_t>(hi - lo);
+      if (scan_outside) outside(a, hi);
       charge(steps);
       if (over) {
         // The child node dfs() would have counted and refuted.

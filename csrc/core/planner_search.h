@@ -172,6 +172,10 @@ class CanonicalSearch {
   std::uint64_t cache_floor_ = 0, cache_capacity_ = 0;
   std::vector<Change> trail_;
   std::vector<std::vector<Cand>> levels_;  // per depth: candidates
+  // Per depth: the most bytes left at a tick of the node's range, and a tick
+  // that has them (dfs() for dfs_children()).
+  std::vector<std::uint64_t> most_;
+  std::vector<std::int32_t> most_at_;
   std::vector<Cand> kept_, raised_;        // scratch for the merge
   std::vector<Cand> whole_;                // scratch: the check before a split
   std::vector<std::vector<Cand>> parts_;   // per depth: items of one part
