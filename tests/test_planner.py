@@ -896,10 +896,13 @@ def test_plan_result_repr_names_the_numbers_not_every_offset():
     assert len(r.offsets) == 600  # the field itself is whole
 
 
-def test_the_extension_refuses_a_thread_count_other_than_one_or_two(C):
-    # The C++ check behind plan_lifetimes' (planner.h: Options::threads).
-    with pytest.raises(ValueError, match="threads must be 1 or 2, got 3"):
-        C.plan([4], [0], [1], threads=3)
+@pytest.mark.parametrize("bad", [0, 3, -1, 2**64, True, False, 2.0, None, "2"])
+def test_the_extension_refuses_a_thread_count_other_than_one_or_two(C, bad):
+    # The extension's own check (a breaker found True taken as 1 and pybind's multi-line
+    # TypeError for the rest), one line naming the value.
+    with pytest.raises(ValueError, match=r"^planner: threads must be 1 or 2, got ") as info:
+        C.plan([4], [0], [1], threads=bad)
+    assert repr(bad) in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("n, seed", [(60, 3), (120, 4)])

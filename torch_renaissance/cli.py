@@ -1246,8 +1246,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "device and the totals)")
     q.add_argument("--threads", type=int, choices=(1, 2), default=2,
                    help="CPU threads for the search: 2 runs the branch and bound at the lower "
-                        "bound beside the other phases (traces up to 1,500 buffers); 1 keeps "
-                        "everything on one thread")
+                        "bound on a second thread beside the other phases (traces up to 1,500 "
+                        "buffers); 1 keeps everything on one thread (the two may give different "
+                        "plans)")
     q.add_argument("--png", metavar="PATH", default=None, help="draw the packing (address x time) to PATH")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(fn=cmd_plan)

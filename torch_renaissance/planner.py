@@ -151,7 +151,7 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
         threads: 2 (default) runs the search's branch and bound at the lower bound
             (MiniMalloc's exact schedule) on a second CPU thread beside the other phases,
             on traces of up to 1,500 buffers; 1 keeps everything on one thread. The two
-            give different plans; each is reproducible with the clock off.
+            may give different plans; each is reproducible with the clock off.
 
     Returns:
         :class:`PlanResult`; ``offsets[i]`` belongs to ``trace.entries[i]``.

@@ -113,6 +113,7 @@ void validate(const ArenaConfig& c) {
   set_key(scratch, "max_reserved_bytes", Value::of_uint(c.max_reserved_bytes));
   set_key(scratch, "max_variants", Value::of_uint(c.max_variants));
   set_key(scratch, "plan_budget_seconds", Value::of_float(c.plan_budget_seconds));
+  set_key(scratch, "plan_threads", Value::of_uint(c.plan_threads));
   set_key(scratch, "range_bytes", Value::of_uint(c.range_bytes));
   set_key(scratch, "small_segment", Value::of_uint(c.small_segment));
   set_key(scratch, "large_segment", Value::of_uint(c.large_segment));

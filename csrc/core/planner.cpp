@@ -26,9 +26,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <exception>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -59,6 +61,12 @@ using detail::Work;
 // the budget is left for the parts not counted (building the instance, the
 // final check) and for noise.
 constexpr double kUnitsPerSecond = 1.7e8;
+// How long past the soft deadline plan() waits for the search's second
+// thread (Options::threads) before it returns without it. The thread polls
+// the deadline about every 0.4 ms of its work, so only a thread the machine
+// starves of CPU is later (a breaker measured 149 ms with two busy loops on
+// the 2 cores).
+constexpr std::chrono::milliseconds kThreadGrace{20};
 // Every call may spend at least this much work, whatever its budget (0
 // included): kFloorUnits + kFloorUnitsPerItem * N * log2(N + 2) units for N
 // buffers and obstacles. It pays for the constructive passes of small
@@ -184,77 +192,134 @@ struct Best {
 // lower bound (done()), and each stops once its own count passes the
 // other's (Work::set_rival): the plan returned is then a function of the
 // two counts, not of which thread ran faster (see take()).
+//
+// The thread owns what it reads (a copy of the instance and of its
+// obstacle map, and the schedule built on them, in a shared State), so
+// that the caller never has to wait for it past the deadline: a thread the
+// machine starved of CPU (its polls come late) is left to stop at its next
+// poll, and its plan is not used.
 class ExactThread {
  public:
   static constexpr std::uint64_t kNever = ~std::uint64_t{0};
+  using Clock = std::chrono::steady_clock;
 
-  ExactThread(detail::ExactSchedule schedule, Work work, const Stop& stop,
+  // Builds the schedule on the calling thread (charged to `work`), then
+  // starts the thread. Throws std::system_error when no thread can be
+  // started: the caller then runs the exact schedule itself.
+  ExactThread(const Instance& inst, const detail::ObstacleMap& map, Work& work, const Stop& stop,
               std::uint64_t lower_bound, const Best& best)
-      : schedule_(std::move(schedule)), work_(work), stop_(stop), lower_bound_(lower_bound),
-        height_(best.height), offsets_(best.offsets), method_(best.method) {
-    work_.set_stop(&stop_);
-    work_.set_rival(&main_done_);
-    // Throws std::system_error when no thread can be started: the caller
-    // then runs the exact schedule itself.
-    thread_ = std::thread([this] { body(); });
+      : state_(std::make_shared<State>(inst, map, work, stop, lower_bound, best)) {
+    thread_ = std::thread([state = state_] { run(*state); });
   }
   ExactThread(const ExactThread&) = delete;
   ExactThread& operator=(const ExactThread&) = delete;
   // Unwinding past it (the hard stop, an error): the thread stops at its
-  // next poll.
+  // next poll; it is waited for only when it has already ended.
   ~ExactThread() {
-    if (thread_.joinable()) {
-      main_done_.store(0);
+    if (!thread_.joinable()) return;
+    state_->main_done.store(0);
+    if (finished()) {
       thread_.join();
+    } else {
+      thread_.detach();
     }
   }
   // The count the calling side's Work stops at (its rival).
-  const std::atomic<std::uint64_t>* done() const { return &done_; }
+  const std::atomic<std::uint64_t>* done() const { return &state_->done; }
 
   // The calling side is done: `main_total` is its unit count at its lower
-  // bound (kNever when it did not reach it). Waits for the thread, then
-  // gives `best` the thread's plan when the thread reached its bound first
-  // (fewer units; a tie goes to the calling side) or, neither having
-  // reached it, when the thread's plan is strictly lower; raises
-  // `lower_bound` to what the thread proved. Rethrows the thread's error.
-  void take(std::uint64_t main_total, Best& best, std::uint64_t& lower_bound) {
-    main_done_.store(main_total);
-    thread_.join();
-    if (error_) std::rethrow_exception(error_);
-    lower_bound = std::max(lower_bound, lower_bound_);
-    const std::uint64_t thread_total = done_.load();
-    const bool thread_first = thread_total != kNever && thread_total < main_total;
-    if (thread_first || (main_total == kNever && height_ < best.height)) {
-      best.has_plan = true;
-      best.height = height_;
-      best.offsets = offsets_;
-      best.method = method_;
+  // bound (kNever when it did not reach it). Waits for the thread until
+  // `deadline`, then gives `best` the thread's plan when the thread reached
+  // its bound first (fewer units; a tie goes to the calling side) or,
+  // neither having reached it, when the thread's plan is strictly lower;
+  // raises `lower_bound` to what the thread proved; rethrows the thread's
+  // error. Returns false when the thread had not ended by the deadline (it
+  // is left to stop; nothing of it is used).
+  bool take(std::uint64_t main_total, Clock::time_point deadline, Best& best,
+            std::uint64_t& lower_bound) {
+    State& s = *state_;
+    s.main_done.store(main_total);
+    {
+      std::unique_lock<std::mutex> lock(s.mutex);
+      if (!s.ended.wait_until(lock, deadline, [&] { return s.finished; })) {
+        lock.unlock();
+        s.main_done.store(0);
+        thread_.detach();
+        return false;
+      }
     }
+    thread_.join();
+    if (s.error) std::rethrow_exception(s.error);
+    lower_bound = std::max(lower_bound, s.lower_bound);
+    const std::uint64_t thread_total = s.done.load();
+    const bool thread_first = thread_total != kNever && thread_total < main_total;
+    if (thread_first || (main_total == kNever && s.height < best.height)) {
+      best.has_plan = true;
+      best.height = s.height;
+      best.offsets = s.offsets;
+      best.method = s.method;
+    }
+    return true;
   }
 
  private:
-  void body() {
+  struct State {
+    Instance inst;
+    detail::ObstacleMap map;
+    detail::ExactSchedule schedule;
+    Work work;
+    Stop stop;
+    std::uint64_t lower_bound;
+    std::uint64_t height;
+    std::vector<std::uint64_t> offsets;
+    std::string method;
+    std::atomic<std::uint64_t> done{kNever};
+    std::atomic<std::uint64_t> main_done{kNever};
+    std::exception_ptr error;
+    std::mutex mutex;
+    std::condition_variable ended;
+    bool finished = false;  // under mutex
+
+    State(const Instance& i, const detail::ObstacleMap& m, Work& parent, const Stop& s,
+          std::uint64_t lb, const Best& best)
+        : inst(i),
+          map(m),
+          schedule(inst, map, parent),
+          work(parent.child(parent.left())),
+          stop(s),
+          lower_bound(lb),
+          height(best.height),
+          offsets(best.offsets),
+          method(best.method) {
+      inst.stop = nullptr;  // the thread polls its own Work and Stop only
+      work.set_stop(&stop);
+      work.set_rival(&main_done);
+    }
+  };
+
+  static void run(State& s) {
     try {
-      schedule_.run(work_, lower_bound_, height_, offsets_, method_);
-      if (height_ <= lower_bound_) done_.store(work_.total());
+      s.schedule.run(s.work, s.lower_bound, s.height, s.offsets, s.method);
+      if (s.height <= s.lower_bound) s.done.store(s.work.total());
     } catch (const Stop::Reached&) {
       // The hard stop: its plan so far is complete and valid; take() may
       // still use it.
     } catch (...) {
-      error_ = std::current_exception();
+      s.error = std::current_exception();
     }
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.finished = true;
+    }
+    s.ended.notify_all();
   }
 
-  detail::ExactSchedule schedule_;
-  Work work_;
-  Stop stop_;
-  std::uint64_t lower_bound_;
-  std::uint64_t height_;
-  std::vector<std::uint64_t> offsets_;
-  std::string method_;
-  std::atomic<std::uint64_t> done_{kNever};
-  std::atomic<std::uint64_t> main_done_{kNever};
-  std::exception_ptr error_;
+  bool finished() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->finished;
+  }
+
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 
@@ -851,10 +916,8 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
       std::unique_ptr<ExactThread> exact_thread;
       auto start_exact_thread = [&] {
         if (options.threads < 2) return;
-        detail::ExactSchedule schedule(inst, map, work);
         try {
-          exact_thread = std::make_unique<ExactThread>(std::move(schedule), work.child(work.left()),
-                                                       stop, lower_bound, best);
+          exact_thread = std::make_unique<ExactThread>(inst, map, work, stop, lower_bound, best);
         } catch (const std::system_error&) {
           return;  // no thread: the search runs the schedule
         }
@@ -914,9 +977,15 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         improve_then_repair();
       }
       if (exact_thread) {
+        // Waited for until a little past the deadline the thread stops at
+        // itself (the clock off: until it ends): only a thread the machine
+        // starves of CPU is later, and then the plan is the caller's, as
+        // when the clock stops the search.
         const bool at_bound = std::max(best.height, inst.fixed_top) <= lower_bound;
-        exact_thread->take(at_bound ? work.total() : ExactThread::kNever, best, lower_bound);
+        const bool taken = exact_thread->take(at_bound ? work.total() : ExactThread::kNever,
+                                              work.deadline() + kThreadGrace, best, lower_bound);
         work.set_rival(nullptr);
+        if (!taken) work.expire();
       }
     }
 

@@ -85,7 +85,11 @@ struct Options {
   // (counted in work units, not wall time) gives the plan. With 1 the exact
   // schedule takes turns with the other phases on the calling thread. Either
   // way the plan depends on (Problem, Options) only while the work count
-  // stops the search; 1 and 2 give different plans.
+  // stops the search; 1 and 2 may give different plans. plan() waits for
+  // the second thread until shortly after the deadline it stops at itself
+  // (the clock off: until it ends); a thread the machine starves of CPU
+  // past that is left to stop on its own, and the plan is the calling
+  // thread's (stopped_by "clock").
   unsigned threads = 2;
 };
 

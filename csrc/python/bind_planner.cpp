@@ -58,13 +58,22 @@ void bind_planner(py::module_& m) {
       "plan",
       [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,
          const std::vector<std::int64_t>& uppers, std::int64_t period, const FixedList& fixed,
-         double budget_seconds, std::uint64_t seed, double clock_seconds, unsigned threads) {
+         double budget_seconds, std::uint64_t seed, double clock_seconds,
+         const py::object& threads) {
+        // 1 or 2, as an int (not a bool, a float or a string): one line
+        // naming the value, not pybind's conversion error.
+        if (!py::isinstance<py::int_>(threads) || py::isinstance<py::bool_>(threads) ||
+            (threads.cast<py::int_>().not_equal(py::int_(1)) &&
+             threads.cast<py::int_>().not_equal(py::int_(2)))) {
+          throw py::value_error("planner: threads must be 1 or 2, got " +
+                                std::string(py::repr(threads)));
+        }
         planner::Problem p = problem_from(sizes, lowers, uppers, period, fixed);
         planner::Options o;
         o.budget_seconds = budget_seconds;
         o.clock_seconds = clock_seconds;
         o.seed = seed;
-        o.threads = threads;
+        o.threads = threads.cast<unsigned>();
         planner::Result r;
         {
           py::gil_scoped_release nogil;
@@ -74,7 +83,7 @@ void bind_planner(py::module_& m) {
       },
       py::arg("sizes"), py::arg("lowers"), py::arg("uppers"), py::arg("period") = 0,
       py::arg("fixed") = FixedList{}, py::arg("budget_seconds") = 1.0, py::arg("seed") = 0,
-      py::arg("clock_seconds") = -1.0, py::arg("threads") = 2u);
+      py::arg("clock_seconds") = -1.0, py::arg("threads") = 2);
   m.def(
       "greedy_by_size",
       [](const std::vector<std::uint64_t>& sizes, const std::vector<std::int64_t>& lowers,

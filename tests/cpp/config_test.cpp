@@ -145,6 +145,12 @@ int main() {
     c = ArenaConfig{};
     c.max_reserved_bytes = (std::size_t(1) << 63) + 1;
     expect_validate_rejects(c, "max_reserved_bytes");
+    c = ArenaConfig{};
+    c.plan_threads = 0;
+    expect_validate_rejects(c, "plan_threads");
+    c = ArenaConfig{};
+    c.plan_threads = 3;
+    expect_validate_rejects(c, "plan_threads");
   }
 
   // Every key's name is unique and an alias points at a key.
