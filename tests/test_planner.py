@@ -254,6 +254,43 @@ def test_cli_plan_bad_file_is_a_clear_error(tmp_path, capsys):
     assert "missing.pickle" in capsys.readouterr().err
 
 
+def test_cli_plan_checks_its_png_path_before_planning(tmp_path, capsys, monkeypatch):
+    # A fresh user's find: --png to a folder that does not exist failed only after the whole
+    # budget was spent planning. It is checked first now, as run's --report: one line, exit 2,
+    # and the planner is never called.
+    from torch_renaissance import cli, planner
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,lower,upper,size\n0,0,2,64\n1,1,3,32\n")
+    called = []
+    monkeypatch.setattr(planner, "plan_trace", lambda *a, **k: called.append(a))
+    for png, reason in [(tmp_path / "no" / "such" / "dir" / "p.png", "No such file or directory"),
+                        (tmp_path, "Is a directory")]:
+        assert cli.main(["plan", str(trace), "--budget", "60", "--png", str(png)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"torch-renaissance plan: --png {png}: cannot write: {reason}"]
+    assert cli.main(["plan", str(trace), "--png", ""]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "torch-renaissance plan: --png needs a file path, got an empty one"
+    assert called == []
+
+
+@pytest.mark.parametrize("n, load, cell", [
+    (13_923_997_704, 13_923_997_700, "+4 B"),  # gpt_train_b's plan: not "+0.00%"
+    (100_000_000 + 4 * 1024, 100_000_000, "+4.0 KiB"),
+    (100_005, 100_000, "+0.01%"),
+    (100, 100, "+0.00%"),  # at LOAD
+    (None, 100, "n/a"),
+    (5, 0, "n/a"),
+])
+def test_cli_plan_device_all_cells_say_bytes_under_a_hundredth_percent(n, load, cell):
+    # A fresh user's find: the --device all table showed +0.00% where the one-device output
+    # says "+4 bytes over LOAD".
+    from torch_renaissance import cli
+
+    assert cli._pct_cell(n, load) == cell
+
+
 def _multi_device_snapshot(tmp_path, devices=(0, 1, 2)):
     """A snapshot with data for several devices: a different synthetic step on each."""
     from torch_renaissance import trace as T

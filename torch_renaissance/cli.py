@@ -43,6 +43,17 @@ def _vs_load(n, load):
     return f"  ({pct:+.2f}% vs LOAD)"
 
 
+def _pct_cell(n, load) -> str:
+    """``plan --device all``'s table cell for ``n`` bytes against LOAD: ``"+1.85%"``; as
+    :func:`_vs_load`, a size above LOAD by under 0.005% in bytes (``"+4 B"``), not ``+0.00%``;
+    ``"n/a"`` when ``n`` is None or LOAD is 0."""
+    if n is None or not load:
+        return "n/a"
+    if n > load and 100 * (n / load - 1) < 0.005:
+        return f"+{_size(n - load)}"
+    return f"{100 * (n / load - 1):+.2f}%"
+
+
 def _mib(n: Optional[float]) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
@@ -1030,6 +1041,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from torch_renaissance import trace as trace_mod
     from torch_renaissance.planner import plan_trace
 
+    # --png's path before the planning (the budget may be long), as run's --report.
+    png_problem = _output_problem("--png", args.png)
+    if png_problem:
+        print(f"torch-renaissance plan: {png_problem}", file=sys.stderr)
+        return 2
     try:
         traces = _load_for_plan(args)
     except (OSError, ValueError) as e:
@@ -1114,8 +1130,7 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
         print(json.dumps({"devices": [{"device": d, **o} for d, o in per.items()], "total": totals}))
         return 0
 
-    def pct(n, load):
-        return "n/a" if n is None or not load else f"{100 * (n / load - 1):+.2f}%"
+    pct = _pct_cell
 
     print(f"trace  {args.trace}")
     print(f"{'device':>8} {'buffers':>8} {'LOAD':>12} {'greedy':>9} {'plan':>12} {'plan/LOAD':>9} "
