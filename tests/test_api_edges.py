@@ -75,25 +75,27 @@ def test_demo_json_to_an_unwritable_path_runs_nothing(tmp_path, capsys, monkeypa
         "No such file or directory; nothing was run"]
 
 
-@pytest.mark.parametrize("where", ["missing/x.png", "."])
-def test_plan_png_to_an_unwritable_path_still_prints_the_plan(tmp_path, capsys, where):
-    # It used to print a traceback (FileNotFoundError / IsADirectoryError)
-    # before any of the plan's numbers.
-    pytest.importorskip("matplotlib")
-    from torch_renaissance import cli
+def test_plan_png_to_an_unwritable_path_is_refused_before_planning(tmp_path, capsys, monkeypatch):
+    # It used to print a traceback (FileNotFoundError / IsADirectoryError) before any of the
+    # plan's numbers; then the plan and a one-line error after the whole budget was spent
+    # (a fresh user's find). Now the path is checked first, as run's --report and demo's
+    # --json: one line, exit 2, and the planner is never called.
+    from torch_renaissance import cli, planner
 
-    csv = tmp_path / "t.csv"
-    csv.write_text("id,lower,upper,size\n0,0,2,100\n1,1,3,200\n2,2,4,100\n")
-    png = tmp_path / where
-    code = cli.main(["plan", str(csv), "--png", str(png), "--json", "--budget", "0.1"])
-    out, err = capsys.readouterr()
-    assert code == 2
-    assert "Traceback" not in err
-    assert err.strip().splitlines()[0].startswith(f"torch-renaissance plan: --png: {png}: cannot write: ")
-    import json
-
-    plan = json.loads(out.strip().splitlines()[-1])
-    assert plan["load_bytes"] == plan["plan_bytes"] == 300  # 200 + 100 live at once
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,lower,upper,size\n0,0,2,64\n1,1,3,32\n")
+    called = []
+    monkeypatch.setattr(planner, "plan_trace", lambda *a, **k: called.append(a))
+    for png, reason in [(tmp_path / "no" / "such" / "dir" / "p.png", "No such file or directory"),
+                        (tmp_path, "Is a directory")]:
+        assert cli.main(["plan", str(trace), "--budget", "60", "--png", str(png)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"torch-renaissance plan: --png {png}: cannot write: {reason}; "
+                       "nothing was planned"]
+    assert cli.main(["plan", str(trace), "--png", ""]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "torch-renaissance plan: --png needs a file path, got an empty one; nothing was planned"
+    assert called == []
 
 
 def test_memory_summary_lines_are_one_width_and_numbers_are_the_stats():

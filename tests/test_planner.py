@@ -254,27 +254,6 @@ def test_cli_plan_bad_file_is_a_clear_error(tmp_path, capsys):
     assert "missing.pickle" in capsys.readouterr().err
 
 
-def test_cli_plan_checks_its_png_path_before_planning(tmp_path, capsys, monkeypatch):
-    # A fresh user's find: --png to a folder that does not exist failed only after the whole
-    # budget was spent planning. It is checked first now, as run's --report: one line, exit 2,
-    # and the planner is never called.
-    from torch_renaissance import cli, planner
-
-    trace = tmp_path / "t.csv"
-    trace.write_text("id,lower,upper,size\n0,0,2,64\n1,1,3,32\n")
-    called = []
-    monkeypatch.setattr(planner, "plan_trace", lambda *a, **k: called.append(a))
-    for png, reason in [(tmp_path / "no" / "such" / "dir" / "p.png", "No such file or directory"),
-                        (tmp_path, "Is a directory")]:
-        assert cli.main(["plan", str(trace), "--budget", "60", "--png", str(png)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"torch-renaissance plan: --png {png}: cannot write: {reason}"]
-    assert cli.main(["plan", str(trace), "--png", ""]) == 2
-    assert capsys.readouterr().err.strip() == \
-        "torch-renaissance plan: --png needs a file path, got an empty one"
-    assert called == []
-
-
 @pytest.mark.parametrize("n, load, cell", [
     (13_923_997_704, 13_923_997_700, "+4 B"),  # gpt_train_b's plan: not "+0.00%"
     (100_000_000 + 4 * 1024, 100_000_000, "+4.0 KiB"),

@@ -1044,7 +1044,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # --png's path before the planning (the budget may be long), as run's --report.
     png_problem = _output_problem("--png", args.png)
     if png_problem:
-        print(f"torch-renaissance plan: {png_problem}", file=sys.stderr)
+        print(f"torch-renaissance plan: {png_problem}; nothing was planned", file=sys.stderr)
         return 2
     try:
         traces = _load_for_plan(args)
