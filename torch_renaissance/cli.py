@@ -1130,7 +1130,6 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
         print(json.dumps({"devices": [{"device": d, **o} for d, o in per.items()], "total": totals}))
         return 0
 
-    pct = _pct_cell
 
     print(f"trace  {args.trace}")
     print(f"{'device':>8} {'buffers':>8} {'LOAD':>12} {'greedy':>9} {'plan':>12} {'plan/LOAD':>9} "
@@ -1142,9 +1141,9 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
         if reserved is None and o["pytorch_reserved_at_dump_bytes"] is not None:
             reserved, mark, at_dump = o["pytorch_reserved_at_dump_bytes"], "*", True
         print(f"{name:>8} {o['buffers']:>8} {_mib(o['load_bytes']):>12} "
-              f"{pct(o['greedy_bytes'], o['load_bytes']):>9} {_mib(o['plan_bytes']):>12} "
-              f"{pct(o['plan_bytes'], o['load_bytes']):>9} "
-              f"{pct(reserved, o['load_bytes']):>8}{mark} {o['plan_seconds']:>8.3f}")
+              f"{_pct_cell(o['greedy_bytes'], o['load_bytes']):>9} {_mib(o['plan_bytes']):>12} "
+              f"{_pct_cell(o['plan_bytes'], o['load_bytes']):>9} "
+              f"{_pct_cell(reserved, o['load_bytes']):>8}{mark} {o['plan_seconds']:>8.3f}")
     if at_dump:
         print("* PyTorch's reserved bytes when the snapshot was taken (no segment events, so no peak)")
     return 0

@@ -124,8 +124,6 @@ def plan_lifetimes(lifetimes: Sequence[Tuple[int, int, int]], budget_seconds: fl
     budget = _seconds(budget_seconds, "budget_seconds")
     clock = _seconds(clock_seconds, "clock_seconds", allow_none=True)
     seed = _whole(seed, "seed", 1 << 64)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads not in (1, 2):
-        raise ValueError(f"planner: threads must be 1 or 2, got {threads!r}")
     r = _ext().plan(*columns, budget_seconds=budget, seed=seed, clock_seconds=clock,
                     threads=threads)
     # The extension says 0 for "greedy did not finish"; with LOAD 0 (no buffers, or all of

@@ -254,10 +254,7 @@ class ExactThread {
     const std::uint64_t thread_total = s.done.load();
     const bool thread_first = thread_total != kNever && thread_total < main_total;
     if (thread_first || (main_total == kNever && s.height < best.height)) {
-      best.has_plan = true;
-      best.height = s.height;
-      best.offsets = s.offsets;
-      best.method = s.method;
+      best = Best{true, s.height, s.offsets, s.method};
     }
     return true;
   }
@@ -923,6 +920,17 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         }
         work.set_rival(exact_thread->done());
       };
+      // The search over the whole instance on `share` of the work left,
+      // its exact schedule on the second thread when there is one.
+      auto search_whole = [&](double share) {
+        start_exact_thread();
+        Work part =
+            work.child(static_cast<std::uint64_t>(static_cast<double>(work.left()) * share));
+        detail::search_small(inst, map, lower_bound, options.seed, part, best.height,
+                             best.offsets, best.method, /*raise=*/true,
+                             /*exact=*/exact_thread == nullptr);
+        work.absorb(part);
+      };
       if (search) {
         std::uint64_t ticks = 0;
         for (std::uint32_t i = 0; i < inst.num_free; ++i) {
@@ -933,38 +941,20 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
       }
       if (obstacles && inst.num_items <= kRepairMaxItems) {
         if (search) {
-          start_exact_thread();
-          Work share = work.child(
-              static_cast<std::uint64_t>(static_cast<double>(work.left()) * kObstacleSearchShare));
-          detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
-                               best.offsets, best.method, /*raise=*/true,
-                               /*exact=*/exact_thread == nullptr);
-          work.absorb(share);
+          search_whole(kObstacleSearchShare);
         }
         detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
       } else if (search && cyclic_search) {
         // A large cyclic instance: the search on a share, then the phases
         // of a large instance (below) on the rest.
-        start_exact_thread();
-        Work share = work.child(
-            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kCyclicSearchShare));
-        detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
-                             best.offsets, best.method, /*raise=*/true,
-                             /*exact=*/exact_thread == nullptr);
-        work.absorb(share);
+        search_whole(kCyclicSearchShare);
         improve_then_repair();
       } else if (search) {
         // The search over the whole instance on kSmallSearchShare of what
         // is left, then the peak repair on the rest (ruin and recreate
         // after it, when the repair stops early).
-        start_exact_thread();
-        Work share = work.child(
-            static_cast<std::uint64_t>(static_cast<double>(work.left()) * kSmallSearchShare));
-        detail::search_small(inst, map, lower_bound, options.seed, share, best.height,
-                             best.offsets, best.method, /*raise=*/true,
-                             /*exact=*/exact_thread == nullptr);
-        work.absorb(share);
+        search_whole(kSmallSearchShare);
         detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
         detail::improve(inst, lower_bound, options.seed, work, best.height, best.offsets,

@@ -543,12 +543,16 @@ CanonicalSearch::Status CanonicalSearch::dfs_children(std::uint32_t depth,
     // c.off; over c's ticks its top is a floor and its size is placed).
     // Most children fail here (MiniMalloc E: most nodes fail the section
     // bounds), so their apply and undo were most of the search's time.
+    // Spatial inference: an unplaced item pushed so high that it no longer
+    // fits under the capacity makes this placement a dead end. Hatless: the
+    // child constrains no unplaced item (its siblings need not be tried).
+    bool hatless = true;
     {
-      bool refuted = false, hatless_pre = true;
+      bool refuted = false;
       std::uint64_t steps = 4;
       for (std::uint32_t j : overlaps_[c.item]) {
         if (off_[j] != kUnplaced) continue;
-        hatless_pre = false;
+        hatless = false;
         if (min_off_[j] >= top) continue;
         const std::uint64_t raised = obstacles_[j].empty() ? top : bump(j, top);
         if (raised + inst_.size[j] > capacity_) {
@@ -557,7 +561,7 @@ CanonicalSearch::Status CanonicalSearch::dfs_children(std::uint32_t depth,
         }
       }
       steps += overlaps_[c.item].size();
-      if (refuted) {  // a dead end, as below: not a node
+      if (refuted) {  // a dead end: not a node
         charge(steps);
         continue;
       }
@@ -585,7 +589,7 @@ CanonicalSearch::Status CanonicalSearch::dfs_children(std::uint32_t depth,
       const std::int32_t most_at = most_at_[depth];
       bool most_inside = false;
       for (std::uint32_t q = 0; q < np; ++q) most_inside |= plo[q] <= most_at && most_at < phi[q];
-      const bool scan_outside = most_inside;
+      const bool scan_outside = most_inside;  // else that tick decides
       if (!scan_outside) over = most_[depth] > room;
       auto outside = [&](std::int32_t from, std::int32_t to) {
         for (std::int32_t t = from; t < to; ++t) over |= total[t] > room;
@@ -607,33 +611,19 @@ CanonicalSearch::Status CanonicalSearch::dfs_children(std::uint32_t depth,
         // The child node dfs() would have counted and refuted.
         if (nodes_ >= node_limit_ || work_->out()) return Status::kAborted;
         ++nodes_;
-        if (hatless_pre) break;
+        if (hatless) break;
         continue;
       }
     }
 
     off_[c.item] = c.off;
     const std::size_t mark = trail_.size();
-    bool hatless = true;
-    // Spatial inference: an unplaced item pushed so high that it no longer
-    // fits under the capacity makes this placement a dead end.
-    bool dead = false;
+    // The raises the test above computed (none takes an item past the
+    // capacity: it refuted those children).
     for (std::uint32_t j : overlaps_[c.item]) {
-      if (off_[j] != kUnplaced) continue;
-      hatless = false;
-      if (min_off_[j] >= top) continue;
+      if (off_[j] != kUnplaced || min_off_[j] >= top) continue;
       trail_.push_back({0, j, min_off_[j]});
       min_off_[j] = obstacles_[j].empty() ? top : bump(j, top);
-      if (min_off_[j] + inst_.size[j] > capacity_) dead = true;
-    }
-    if (dead) {
-      charge(overlaps_[c.item].size());
-      while (trail_.size() > mark) {
-        min_off_[trail_.back().index] = trail_.back().old;
-        trail_.pop_back();
-      }
-      off_[c.item] = kUnplaced;
-      continue;
     }
     std::vector<std::int32_t>& points = points_[depth];
     points.clear();
@@ -831,8 +821,6 @@ ExactSchedule::ExactSchedule(const Instance& inst, const ObstacleMap& map, Work&
 }
 
 ExactSchedule::ExactSchedule(std::unique_ptr<State> state) : state_(std::move(state)) {}
-ExactSchedule::ExactSchedule(ExactSchedule&&) noexcept = default;
-ExactSchedule& ExactSchedule::operator=(ExactSchedule&&) noexcept = default;
 ExactSchedule::~ExactSchedule() = default;
 
 bool ExactSchedule::turn(Work& work, std::uint64_t& lower_bound, std::uint64_t& height,
@@ -880,9 +868,12 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
                   bool exact) {
   const std::uint32_t n = inst.num_free;
   if (n == 0 || height <= lower_bound) return;
-  const Portfolio portfolio(inst, map, work);
-  const CanonicalSearch& search_proto = portfolio.search;
-  CanonicalSearch search = search_proto;
+  Portfolio portfolio(inst, map, work);
+  // The exact schedule here (its searches copied from the portfolio's
+  // before that one runs), or (exact false) on the caller's second thread.
+  ExactSchedule exact_schedule(
+      exact ? std::make_unique<ExactSchedule::State>(inst, portfolio, work) : nullptr);
+  CanonicalSearch& search = portfolio.search;  // the raise's and the ladder's
   const std::vector<std::uint64_t>& total = portfolio.total;
   std::uint64_t rng = seed ^ 0x5eed5eed5eedull;
   const std::vector<OrderKeys>& fixed_keys = portfolio.keys;
@@ -910,7 +901,7 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     const CanonicalSearch::Status status = s.solve(cap, order, limit, work, offs, keys);
     if (status == CanonicalSearch::Status::kFound) {
       found = true;
-      const std::uint64_t h = std::max(detail::height(inst, offs), inst.fixed_top);
+      const std::uint64_t h = plan_height(inst, offs);
       if (h < height) {
         height = h;
         offsets = offs;
@@ -925,23 +916,13 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
                      const OrderKeys* keys, std::uint64_t limit, bool& found) {
     return attempt_with(search, cap, order, keys, limit, found);
   };
-  // The exact schedule's searches, one per pre-order, each keeping its
-  // table of failed states from round to round (see CanonicalSearch::solve):
-  // a round with a doubled node limit then skips what the last one proved
-  // infeasible, instead of searching it again.
-  // The exact schedule here, or (exact false) on the caller's second thread.
-  std::unique_ptr<ExactSchedule> exact_schedule;
-  if (exact) {
-    exact_schedule.reset(
-        new ExactSchedule(std::make_unique<ExactSchedule::State>(inst, portfolio, work)));
-  }
   // Three schedules share the budget, the exact one half of the first
   // kLateUnits and two thirds after (half and half without the raise), the
   // other two the rest, each run next by whichever has used least of its
   // share:
   //  * exact: MiniMalloc's round robin at the lower bound: its three
   //    pre-orders, each part re-ordered as the search splits it, under a
-  //    node limit doubling every round (n, 2n, 4n, ...), so that a hard
+  //    node limit growing 1.25x every round (ExactSchedule), so that a hard
   //    instance whose bound is reachable gets runs as long as the budget;
   //    each pre-order's search keeps its table of failed states, so a
   //    round goes on from where the last one stopped;
@@ -997,10 +978,10 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
     // exact_used <= r * others gives the exact schedule r / (1 + r).
     // The peak repair's sub-searches (no raise) keep half and half.
     const double ratio = !raise ? 1.0 : before - start_used < kLateUnits ? kEarlyRatio : kLateRatio;
-    if (!exact_schedule && !ladder_open && !raise_open) return;
-    if (exact_schedule && ((!ladder_open && !raise_open) ||
-                           static_cast<double>(exact_used) <= ratio * static_cast<double>(others))) {
-      const bool stop = exact_schedule->turn(work, lb, height, offsets, method);
+    if (!exact && !ladder_open && !raise_open) return;
+    if (exact && ((!ladder_open && !raise_open) ||
+                  static_cast<double>(exact_used) <= ratio * static_cast<double>(others))) {
+      const bool stop = exact_schedule.turn(work, lb, height, offsets, method);
       exact_used += work.used() - before;
       if (stop) return;
       continue;

@@ -203,7 +203,7 @@ class CanonicalSearch {
 // of work and two thirds after; whichever has used less of its share runs
 // next): MiniMalloc's round robin at the lower
 // bound (its WAT, TAW, TWA pre-orders, each part re-ordered as the search
-// splits it, node limits n, 2n, 4n, ... without cap; each pre-order's
+// splits it, node limits n * 1.25^round without cap; each pre-order's
 // search keeps its table of failed states, so a round does not redo the
 // subtrees the last one proved infeasible), and a ladder with
 // restarts (five fixed pre-orders and seeded perturbations of them, node
@@ -250,8 +250,6 @@ void search_small(const Instance& inst, const ObstacleMap& map, std::uint64_t& l
 class ExactSchedule {
  public:
   ExactSchedule(const Instance& inst, const ObstacleMap& map, Work& work);
-  ExactSchedule(ExactSchedule&&) noexcept;
-  ExactSchedule& operator=(ExactSchedule&&) noexcept;
   ~ExactSchedule();
 
   // One pre-order's turn at `lower_bound`: a plan found lowers `height`
@@ -266,6 +264,7 @@ class ExactSchedule {
 
  private:
   struct State;
+  // search_small's, on its own portfolio (none: turn() is done at once).
   explicit ExactSchedule(std::unique_ptr<State> state);
   friend void search_small(const Instance&, const ObstacleMap&, std::uint64_t&, std::uint64_t,
                            Work&, std::uint64_t&, std::vector<std::uint64_t>&, std::string&, bool,

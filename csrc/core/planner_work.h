@@ -50,7 +50,7 @@ class Work {
   bool out() {
     poll(stop_);
     if (used_ >= limit_) return true;
-    if (rival_ != nullptr && base_ + used_ > rival_->load(std::memory_order_relaxed)) {
+    if (rival_ != nullptr && total() > rival_->load(std::memory_order_relaxed)) {
       limit_ = used_;
       return true;
     }

@@ -62,9 +62,8 @@ void bind_planner(py::module_& m) {
          const py::object& threads) {
         // 1 or 2, as an int (not a bool, a float or a string): one line
         // naming the value, not pybind's conversion error.
-        if (!py::isinstance<py::int_>(threads) || py::isinstance<py::bool_>(threads) ||
-            (threads.cast<py::int_>().not_equal(py::int_(1)) &&
-             threads.cast<py::int_>().not_equal(py::int_(2)))) {
+        const bool whole = py::isinstance<py::int_>(threads) && !py::isinstance<py::bool_>(threads);
+        if (!whole || (!threads.equal(py::int_(1)) && !threads.equal(py::int_(2)))) {
           throw py::value_error("planner: threads must be 1 or 2, got " +
                                 std::string(py::repr(threads)));
         }
