@@ -574,7 +574,19 @@ struct Constructive {
   // And its work does not count against that share either: the passes after
   // it are admitted as if it had not run.
   bool uncounted = false;
+  // Peak first (detail::peak_first_order): the peak tick's items in
+  // `order`, then the others in `rest`.
+  bool peak_first = false;
+  Order rest = Order::kSize;
 };
+
+// A peak-first pass (detail::peak_first_order), by best fit.
+Constructive peak_first(Order clique, Order rest, const char* name) {
+  Constructive c{clique, Fit::kBest, name, /*exempt=*/true};
+  c.peak_first = true;
+  c.rest = rest;
+  return c;
+}
 
 // Above this many buffers, the portfolio's first-fit passes are first fit
 // by size and by size class, each admitted at a quarter of a best-fit pass's
@@ -606,7 +618,18 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 // instances get the search over the whole instance, and keep the plans they
 // had (a 300-buffer looped step's plan by length class left 45 of its 154
 // positions to the locked path in tests/test_replay_fast_livein.py).
-std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
+// With `peak` (a budget above 0: budget 0 is the planner's floor, run under
+// the arena's lock), last, three peak-first passes (peak_first_order), each
+// exempt from the passes' share: the peak tick's buffers stacked from the
+// bottom, then the others. Over 48 instances (the shared traces, the
+// generated ones, MiniMalloc's and the IOPDDL/SOMAS traces from outside),
+// these three pairs of orders were the ones that took the large instances
+// the later phases leave above LOAD to it: SOMAS pangu 2.6B +0.758% -> LOAD
+// (by size then start; no other pass or phase closed its 40 MiB hole at the
+// peak, at any budget), IOPDDL S 1 +0.237% -> +0.020% (by length then
+// size), a generated 9,233-buffer training step +0.165% -> LOAD; no plan got
+// worse (docs/benchmarks.md, issue 12's eighteenth pass).
+std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic, bool peak) {
   std::vector<Constructive> p;
   if (cyclic && n > kSearchMaxItems) {
     p.push_back({Order::kLengthClass, Fit::kBest, "best_fit_by_length_class", true});
@@ -636,6 +659,12 @@ std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic) {
   } else {
     if (cyclic) p.push_back({Order::kSize, Fit::kFirst, "first_fit_by_size"});
     p.push_back({Order::kSizeClass, Fit::kFirst, "first_fit_by_size_class"});
+  }
+  if (peak) {
+    p.push_back(peak_first(Order::kLength, Order::kSize, "peak_first_by_length_then_size"));
+    p.push_back(peak_first(Order::kSize, Order::kStart, "peak_first_by_size_then_start"));
+    p.push_back(
+        peak_first(Order::kLength, Order::kSizeClass, "peak_first_by_length_then_size_class"));
   }
   return p;
 }
@@ -846,7 +875,8 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
     // before the baseline is one).
     std::uint64_t uncounted_used = ff_used;
     if (greedy_done) {
-      for (const Constructive& c : portfolio(inst.num_free, inst.multi_piece)) {
+      for (const Constructive& c :
+           portfolio(inst.num_free, inst.multi_piece, options.budget_seconds > 0)) {
         if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
         if (c.uncounted && first_fit_first) continue;  // it ran before the baseline
         const std::uint64_t cost =
@@ -868,7 +898,10 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         offs = detail::initial_offsets(inst);
         placer.reset(offs);
         std::uint64_t h = 0;
-        if (!placer.try_place(detail::make_order(inst, c.order), offs, c.fit, work, h)) {
+        const std::vector<std::uint32_t> order = c.peak_first
+                                                     ? detail::peak_first_order(inst, c.order, c.rest)
+                                                     : detail::make_order(inst, c.order);
+        if (!placer.try_place(order, offs, c.fit, work, h)) {
           cut = true;
           break;
         }

@@ -333,4 +333,25 @@ std::vector<std::uint32_t> make_order(const Instance& inst, Order order) {
   return ids;
 }
 
+std::vector<std::uint32_t> peak_first_order(const Instance& inst, Order clique, Order rest) {
+  const std::int32_t peak = static_cast<std::int32_t>(
+      std::max_element(inst.live.begin(), inst.live.end()) - inst.live.begin());
+  std::vector<char> at_peak(inst.num_free, 0);
+  for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+    for (std::uint32_t k = 0; k < inst.piece_count(i); ++k) {
+      const Piece& p = inst.piece(i, k);
+      if (p.lo <= peak && peak < p.hi) at_peak[i] = 1;
+    }
+  }
+  std::vector<std::uint32_t> ids;
+  ids.reserve(inst.num_free);
+  for (std::uint32_t i : make_order(inst, clique)) {
+    if (at_peak[i]) ids.push_back(i);
+  }
+  for (std::uint32_t i : make_order(inst, rest)) {
+    if (!at_peak[i]) ids.push_back(i);
+  }
+  return ids;
+}
+
 }  // namespace renaissance::planner::detail

@@ -76,6 +76,18 @@ enum class Order {
   kEnd,          // end (lower + duration, original time) desc, then size desc
 };
 std::vector<std::uint32_t> make_order(const Instance& inst, Order order);
+// Peak first: the free items live at the peak tick (the first tick where
+// live reaches the LOAD) in `clique`'s order, then all the others in
+// `rest`'s. Placed by best or first fit, the peak's items stack from the
+// bottom with no hole between them (each overlaps every one placed before
+// it), so the peak tick is at the LOAD whatever comes after; the others
+// then fill in around that stack. A plan at the LOAD must have the peak's
+// items stacked without a hole; when the constructive passes that
+// interleave them with the others leave one there (SOMAS pangu 2.6B: a
+// 40 MiB hole at its one peak tick, +0.758% over LOAD after every pass and
+// every improvement phase), placing them first closes it
+// (docs/benchmarks.md, issue 12's eighteenth pass).
+std::vector<std::uint32_t> peak_first_order(const Instance& inst, Order clique, Order rest);
 // Per free item: max of inst.live over its pieces.
 std::vector<std::uint64_t> pressures(const Instance& inst);
 

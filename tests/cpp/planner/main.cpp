@@ -65,6 +65,7 @@ namespace plan_test {
 
 void test_random_plans(int iterations);
 void test_size_class_order(int iterations);
+void test_peak_first_order(int iterations);
 void test_first_fit_on_large_linear();
 void test_validate_agrees(int iterations);
 void test_validate_rejects();
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
   test_validate_agrees(iterations * 5);
   test_random_plans(iterations);
   test_size_class_order(iterations);
+  test_peak_first_order(iterations);
   test_first_fit_on_large_linear();
   test_search_exact(iterations);
   test_search_raise(iterations);

@@ -314,6 +314,76 @@ void test_size_class_order(int iterations) {
 }
 
 
+// Peak first (detail::peak_first_order, three passes of plan()'s
+// portfolio): the buffers live at the first time where the live bytes
+// reach their maximum (computed here from the Problem's lifetimes, cyclic
+// ones wrapped by hand), in the clique order's relative order, then every
+// other buffer in the rest order's. Placed by best fit with no obstacles,
+// the peak's buffers stack without a hole: the highest of them ends at the
+// LOAD, the sum of their sizes.
+void test_peak_first_order(int iterations) {
+  namespace d = renaissance::planner::detail;
+  const std::pair<d::Order, d::Order> pairs[] = {{d::Order::kLength, d::Order::kSize},
+                                                 {d::Order::kSize, d::Order::kStart},
+                                                 {d::Order::kLength, d::Order::kSizeClass},
+                                                 {d::Order::kEnd, d::Order::kPressure}};
+  for (int it = 0; it < iterations; ++it) {
+    Gen g(0x9ea6f1 + static_cast<std::uint64_t>(it));
+    const bool cyclic = it % 3 == 0;
+    const std::int64_t horizon = g.uni(2, 30);
+    const Problem p = g.problem(static_cast<int>(g.uni(1, 40)), horizon, cyclic, 0, 0);
+    const d::Instance inst(p);
+    if (inst.num_free == 0) continue;
+    auto live_at = [&](const Buffer& b, std::int64_t t) {
+      if (b.size == 0) return false;
+      if (cyclic && b.upper > p.period) return t >= b.lower || t < b.upper - p.period;
+      return b.lower <= t && t < b.upper;
+    };
+    const std::int64_t end = cyclic ? horizon : horizon + 1;
+    std::int64_t peak = -1;
+    std::uint64_t most = 0;
+    for (std::int64_t t = 0; t < end; ++t) {
+      std::uint64_t bytes = 0;
+      for (const Buffer& b : p.buffers) bytes += live_at(b, t) ? b.size : 0;
+      if (bytes > most) most = bytes, peak = t;
+    }
+    CHECK(most == inst.load, "peak first: LOAD %llu, the Instance's %llu (iteration %d)",
+          static_cast<unsigned long long>(most), static_cast<unsigned long long>(inst.load), it);
+    std::vector<char> at_peak(inst.num_free);
+    std::size_t clique = 0;
+    for (std::uint32_t i = 0; i < inst.num_free; ++i) {
+      at_peak[i] = live_at(p.buffers[inst.buffer_of[i]], peak);
+      clique += at_peak[i] != 0;
+    }
+    for (const auto& [first, rest] : pairs) {
+      const std::vector<std::uint32_t> ids = d::peak_first_order(inst, first, rest);
+      CHECK(ids.size() == inst.num_free, "peak first: %zu items of %u (iteration %d)",
+            ids.size(), inst.num_free, it);
+      std::vector<std::uint32_t> want;
+      for (std::uint32_t i : d::make_order(inst, first)) {
+        if (at_peak[i]) want.push_back(i);
+      }
+      for (std::uint32_t i : d::make_order(inst, rest)) {
+        if (!at_peak[i]) want.push_back(i);
+      }
+      CHECK(ids == want, "peak first: not the peak's buffers then the others (iteration %d)", it);
+      d::Placer placer(inst);
+      std::vector<std::uint64_t> offs = d::initial_offsets(inst);
+      placer.reset(offs);
+      d::Work work(~std::uint64_t{0} >> 2, 1e9);
+      placer.place(ids, offs, d::Fit::kBest, work);
+      std::uint64_t top = 0;
+      for (std::size_t k = 0; k < clique; ++k) {
+        top = std::max(top, offs[ids[k]] + inst.size[ids[k]]);
+      }
+      CHECK(top == inst.load, "peak first: the peak's %zu buffers reach %llu, LOAD %llu (iteration %d)",
+            clique, static_cast<unsigned long long>(top),
+            static_cast<unsigned long long>(inst.load), it);
+    }
+  }
+}
+
+
 // Large linear instances get first fit by decreasing size before the
 // baseline, on at most a quarter of the work count (planner.cpp,
 // kCheapFirstFit). On XLA-style buffers (a few dozen tensor shapes over six
