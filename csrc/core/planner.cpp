@@ -627,8 +627,10 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 // the later phases leave above LOAD to it: SOMAS pangu 2.6B +0.758% -> LOAD
 // (by size then start; no other pass or phase closed its 40 MiB hole at the
 // peak, at any budget), IOPDDL S 1 +0.237% -> +0.020% (by length then
-// size), a generated 9,233-buffer training step +0.165% -> LOAD; no plan got
-// worse (docs/benchmarks.md, issue 12's eighteenth pass).
+// size), IOPDDL Y 1 +0.356% -> LOAD, a generated 9,233-buffer training step
+// +0.165% -> LOAD; no plan of bench_planner got worse, and of 66 seeded
+// instances at 0.25 s 8 got lower, 2 higher (docs/benchmarks.md, issue 12's
+// eighteenth pass).
 std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic, bool peak) {
   std::vector<Constructive> p;
   if (cyclic && n > kSearchMaxItems) {
