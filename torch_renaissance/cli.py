@@ -1259,10 +1259,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the device of a multi-device PyTorch snapshot, or 'all' (one row per "
                         "device and the totals)")
     q.add_argument("--threads", type=int, choices=(1, 2), default=2,
-                   help="CPU threads for the search: 2 runs the branch and bound at the lower "
-                        "bound on a second thread beside the other phases (traces up to 1,500 "
-                        "buffers); 1 keeps everything on one thread (the two may give different "
-                        "plans)")
+                   help="CPU threads for the search: 2 runs a second thread beside the other "
+                        "phases (the branch and bound at the lower bound on traces up to 1,500 "
+                        "buffers, the peak-first passes on larger ones); 1 keeps everything on "
+                        "one thread (the two may give different plans)")
     q.add_argument("--png", metavar="PATH", default=None, help="draw the packing (address x time) to PATH")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(fn=cmd_plan)

@@ -146,10 +146,11 @@ def plan_trace(trace: Trace, budget_seconds: float = 1.0, seed: int = 0,
         seed: seed of the randomized orderings.
         clock_seconds: the wall-clock part of the budget (default ``budget_seconds``);
             ``math.inf`` turns the clock off (reproducible plans on any machine).
-        threads: 2 (default) runs the search's branch and bound at the lower bound
-            (MiniMalloc's exact schedule) on a second CPU thread beside the other phases,
-            on traces of up to 1,500 buffers; 1 keeps everything on one thread. The two
-            may give different plans; each is reproducible with the clock off.
+        threads: 2 (default) runs a second CPU thread beside the other phases: the
+            search's branch and bound at the lower bound (MiniMalloc's exact schedule) on
+            traces of up to 1,500 buffers, the peak-first passes (the peak tick's buffers
+            stacked first) on larger ones; 1 keeps everything on one thread. The two may
+            give different plans; each is reproducible with the clock off.
 
     Returns:
         :class:`PlanResult`; ``offsets[i]`` belongs to ``trace.entries[i]``.

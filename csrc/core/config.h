@@ -99,9 +99,9 @@ inline constexpr Key kConfigKeys[] = {
      "the same plan on every machine and load (a plan then takes as long as that work takes: "
      "about the budget on an idle reference machine, longer on a slower or loaded one)"},
     {"plan_threads", Type::kUInt, "count", "2", 1, 2, nullptr, nullptr, 1.0,
-     "CPU threads per planner call: 2 runs the search's branch and bound at the lower bound on a "
-     "second thread beside the rest (steps up to 1,500 buffers); 1 keeps the call on the thread "
-     "that makes it"},
+     "CPU threads per planner call: 2 runs a second thread beside the rest (the search's branch "
+     "and bound at the lower bound on steps up to 1,500 buffers, the peak-first passes on larger "
+     "ones); 1 keeps the call on the thread that makes it"},
     {"range_bytes", Type::kUInt, "bytes", "0", 0, 281474976710656.0 /* 2**48 */, nullptr,
      nullptr, 1.0,
      "address space reserved per expandable segment (0: from the device's memory); rounded up "

@@ -31,6 +31,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -184,8 +185,32 @@ struct Best {
   }
 };
 
-// The search's exact schedule (detail::ExactSchedule) on a second thread,
-// beside the phases on the calling thread (Options::threads). Each side has
+// The peak-first passes (detail::peak_first_order), by best fit. Over 48
+// instances (the shared traces, the generated ones, MiniMalloc's challenging
+// set, the IOPDDL/SOMAS traces from outside), these three pairs of orders
+// were the ones that took the large instances the later phases leave above
+// LOAD to it: SOMAS pangu 2.6B +0.758% -> LOAD (by size then start; no other
+// pass or phase closed its 40 MiB hole at the peak, at any budget), IOPDDL
+// S 1 +0.237% -> +0.020% and Y 1 +0.356% -> LOAD (by length then size), a
+// generated 9,233-buffer training step +0.165% -> LOAD (docs/benchmarks.md,
+// issue 12's eighteenth pass).
+struct PeakPass {
+  Order clique, rest;
+  const char* name;
+};
+constexpr PeakPass kPeakPasses[] = {
+    {Order::kLength, Order::kSize, "peak_first_by_length_then_size"},
+    {Order::kSize, Order::kStart, "peak_first_by_size_then_start"},
+    {Order::kLength, Order::kSizeClass, "peak_first_by_length_then_size_class"},
+};
+
+// One job on a second thread, beside the phases on the calling thread
+// (Options::threads): the search's exact schedule (detail::ExactSchedule),
+// or, on instances too large for the search over the whole instance, the
+// peak-first passes (kPeakPasses), which then take no work from the peak
+// repair (run among the constructive passes, at 0.25 s they took 70% of
+// the work count of 20,000-buffer training steps, and 6 of 30 seeds the
+// peak repair had taken to LOAD stayed 0.09-0.31% above it). Each side has
 // its own work count: the thread's budget is what the caller's had left
 // when it started, with the same deadline, and a copy of the hard stop.
 // Each side records the root-budget unit count at which it reached its
@@ -198,24 +223,25 @@ struct Best {
 // that the caller never has to wait for it past the deadline: a thread the
 // machine starved of CPU (its polls come late) is left to stop at its next
 // poll, and its plan is not used.
-class ExactThread {
+class SecondThread {
  public:
+  enum class Job { kExact, kPeakFirst };
   static constexpr std::uint64_t kNever = ~std::uint64_t{0};
   using Clock = std::chrono::steady_clock;
 
-  // Builds the schedule on the calling thread (charged to `work`), then
-  // starts the thread. Throws std::system_error when no thread can be
-  // started: the caller then runs the exact schedule itself.
-  ExactThread(const Instance& inst, const detail::ObstacleMap& map, Work& work, const Stop& stop,
-              std::uint64_t lower_bound, const Best& best)
-      : state_(std::make_shared<State>(inst, map, work, stop, lower_bound, best)) {
+  // Builds the exact schedule (kExact) on the calling thread (charged to
+  // `work`), then starts the thread. Throws std::system_error when no
+  // thread can be started: the caller then runs the job itself.
+  SecondThread(Job job, const Instance& inst, const detail::ObstacleMap& map, Work& work,
+               const Stop& stop, std::uint64_t lower_bound, const Best& best)
+      : state_(std::make_shared<State>(job, inst, map, work, stop, lower_bound, best)) {
     thread_ = std::thread([state = state_] { run(*state); });
   }
-  ExactThread(const ExactThread&) = delete;
-  ExactThread& operator=(const ExactThread&) = delete;
+  SecondThread(const SecondThread&) = delete;
+  SecondThread& operator=(const SecondThread&) = delete;
   // Unwinding past it (the hard stop, an error): the thread stops at its
   // next poll; it is waited for only when it has already ended.
-  ~ExactThread() {
+  ~SecondThread() {
     if (!thread_.joinable()) return;
     state_->main_done.store(0);
     if (finished()) {
@@ -261,9 +287,10 @@ class ExactThread {
 
  private:
   struct State {
+    Job job;
     Instance inst;
     detail::ObstacleMap map;
-    detail::ExactSchedule schedule;
+    std::optional<detail::ExactSchedule> schedule;  // kExact
     Work work;
     Stop stop;
     std::uint64_t lower_bound;
@@ -277,11 +304,13 @@ class ExactThread {
     std::condition_variable ended;
     bool finished = false;  // under mutex
 
-    State(const Instance& i, const detail::ObstacleMap& m, Work& parent, const Stop& s,
+    State(Job j, const Instance& i, const detail::ObstacleMap& m, Work& parent, const Stop& s,
           std::uint64_t lb, const Best& best)
-        : inst(i),
+        : job(j),
+          inst(i),
           map(m),
-          schedule(inst, map, parent),
+          schedule(j == Job::kExact ? std::make_optional<detail::ExactSchedule>(inst, map, parent)
+                                    : std::nullopt),
           work(parent.child(parent.left())),
           stop(s),
           lower_bound(lb),
@@ -294,10 +323,35 @@ class ExactThread {
     }
   };
 
+  // The peak-first passes, each kept when strictly lower; a pass the work
+  // count (or the clock) cuts short is dropped, and ends the job.
+  static void run_peak_first(State& s) {
+    Placer placer(s.inst);
+    for (const PeakPass& pass : kPeakPasses) {
+      if (std::max(s.height, s.inst.fixed_top) <= s.lower_bound || s.work.out()) return;
+      std::vector<std::uint64_t> offs = detail::initial_offsets(s.inst);
+      placer.reset(offs);
+      std::uint64_t h = 0;
+      if (!placer.try_place(detail::peak_first_order(s.inst, pass.clique, pass.rest), offs,
+                            Fit::kBest, s.work, h)) {
+        return;
+      }
+      if (h < s.height) {
+        s.height = h;
+        s.offsets = std::move(offs);
+        s.method = pass.name;
+      }
+    }
+  }
+
   static void run(State& s) {
     try {
-      s.schedule.run(s.work, s.lower_bound, s.height, s.offsets, s.method);
-      if (s.height <= s.lower_bound) s.done.store(s.work.total());
+      if (s.job == Job::kExact) {
+        s.schedule->run(s.work, s.lower_bound, s.height, s.offsets, s.method);
+      } else {
+        run_peak_first(s);
+      }
+      if (std::max(s.height, s.inst.fixed_top) <= s.lower_bound) s.done.store(s.work.total());
     } catch (const Stop::Reached&) {
       // The hard stop: its plan so far is complete and valid; take() may
       // still use it.
@@ -618,19 +672,11 @@ constexpr std::uint32_t kCheapFirstFit = 10000;
 // instances get the search over the whole instance, and keep the plans they
 // had (a 300-buffer looped step's plan by length class left 45 of its 154
 // positions to the locked path in tests/test_replay_fast_livein.py).
-// With `peak` (a budget above 0: budget 0 is the planner's floor, run under
-// the arena's lock), last, three peak-first passes (peak_first_order), each
-// exempt from the passes' share: the peak tick's buffers stacked from the
-// bottom, then the others. Over 48 instances (the shared traces, the
-// generated ones, MiniMalloc's and the IOPDDL/SOMAS traces from outside),
-// these three pairs of orders were the ones that took the large instances
-// the later phases leave above LOAD to it: SOMAS pangu 2.6B +0.758% -> LOAD
-// (by size then start; no other pass or phase closed its 40 MiB hole at the
-// peak, at any budget), IOPDDL S 1 +0.237% -> +0.020% (by length then
-// size), IOPDDL Y 1 +0.356% -> LOAD, a generated 9,233-buffer training step
-// +0.165% -> LOAD; no plan of bench_planner got worse, and of 66 seeded
-// instances at 0.25 s 8 got lower, 2 higher (docs/benchmarks.md, issue 12's
-// eighteenth pass).
+// With `peak`, last, the peak-first passes (kPeakPasses), each exempt from
+// the passes' share: plan_with_stop asks for them with a budget above 0
+// when they do not run on the second thread (one thread, or an instance the
+// search over the whole instance covers, whose exact schedule has that
+// thread).
 std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic, bool peak) {
   std::vector<Constructive> p;
   if (cyclic && n > kSearchMaxItems) {
@@ -663,10 +709,7 @@ std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic, bool peak) {
     p.push_back({Order::kSizeClass, Fit::kFirst, "first_fit_by_size_class"});
   }
   if (peak) {
-    p.push_back(peak_first(Order::kLength, Order::kSize, "peak_first_by_length_then_size"));
-    p.push_back(peak_first(Order::kSize, Order::kStart, "peak_first_by_size_then_start"));
-    p.push_back(
-        peak_first(Order::kLength, Order::kSizeClass, "peak_first_by_length_then_size_class"));
+    for (const PeakPass& pass : kPeakPasses) p.push_back(peak_first(pass.clique, pass.rest, pass.name));
   }
   return p;
 }
@@ -873,12 +916,20 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
     const std::uint64_t pass_limit =
         cyclic_search ? static_cast<std::uint64_t>(kCyclicPassShare * static_cast<double>(limit))
                       : limit / 2;
+    // The peak-first passes: on a second thread beside the improvement
+    // phases where the exact schedule does not use it (instances too large
+    // for the search over the whole instance), else among the passes.
+    // Neither with budget 0 (the planner's floor, run under the arena's
+    // lock: budget-0 plans stay as they were).
+    const bool peak_passes = options.budget_seconds > 0;
+    const bool peak_thread =
+        peak_passes && options.threads >= 2 && inst.num_free > kSearchMaxItems && !cyclic_search;
     // The uncounted passes' work (Constructive::uncounted; first fit run
     // before the baseline is one).
     std::uint64_t uncounted_used = ff_used;
     if (greedy_done) {
       for (const Constructive& c :
-           portfolio(inst.num_free, inst.multi_piece, options.budget_seconds > 0)) {
+           portfolio(inst.num_free, inst.multi_piece, peak_passes && !peak_thread)) {
         if (std::max(best.height, inst.fixed_top) <= lower_bound) break;
         if (c.uncounted && first_fit_first) continue;  // it ran before the baseline
         const std::uint64_t cost =
@@ -942,28 +993,48 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         detail::repair_peaks(inst, lower_bound, options.seed, work, best.height, best.offsets,
                              best.method);
       };
-      // The exact schedule on a second thread (Options::threads), started
-      // right before the search over the whole instance and joined after
-      // the phases that follow it; without one, the search runs it.
-      std::unique_ptr<ExactThread> exact_thread;
-      auto start_exact_thread = [&] {
+      // The second thread (Options::threads): the exact schedule, started
+      // right before the search over the whole instance (without a thread,
+      // the search runs it), or the peak-first passes, started here (without
+      // a thread, they ran among the passes); joined after the phases.
+      std::unique_ptr<SecondThread> second_thread;
+      auto start_second_thread = [&](SecondThread::Job job) {
         if (options.threads < 2) return;
         try {
-          exact_thread = std::make_unique<ExactThread>(inst, map, work, stop, lower_bound, best);
+          second_thread =
+              std::make_unique<SecondThread>(job, inst, map, work, stop, lower_bound, best);
         } catch (const std::system_error&) {
-          return;  // no thread: the search runs the schedule
+          return;  // no thread: the caller runs the job
         }
-        work.set_rival(exact_thread->done());
+        work.set_rival(second_thread->done());
       };
+      if (peak_thread) {
+        start_second_thread(SecondThread::Job::kPeakFirst);
+        if (!second_thread) {
+          // No thread could be started: the passes run here, first.
+          Placer peak_placer(inst);
+          for (const PeakPass& pass : kPeakPasses) {
+            if (std::max(best.height, inst.fixed_top) <= lower_bound || work.out()) break;
+            offs = detail::initial_offsets(inst);
+            peak_placer.reset(offs);
+            std::uint64_t h = 0;
+            if (!peak_placer.try_place(detail::peak_first_order(inst, pass.clique, pass.rest),
+                                       offs, Fit::kBest, work, h)) {
+              break;
+            }
+            best.offer(h, offs, pass.name);
+          }
+        }
+      }
       // The search over the whole instance on `share` of the work left,
       // its exact schedule on the second thread when there is one.
       auto search_whole = [&](double share) {
-        start_exact_thread();
+        start_second_thread(SecondThread::Job::kExact);
         Work part =
             work.child(static_cast<std::uint64_t>(static_cast<double>(work.left()) * share));
         detail::search_small(inst, map, lower_bound, options.seed, part, best.height,
                              best.offsets, best.method, /*raise=*/true,
-                             /*exact=*/exact_thread == nullptr);
+                             /*exact=*/second_thread == nullptr);
         work.absorb(part);
       };
       if (search) {
@@ -1001,14 +1072,14 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         // fixed) on the rest.
         improve_then_repair();
       }
-      if (exact_thread) {
+      if (second_thread) {
         // Waited for until a little past the deadline the thread stops at
         // itself (the clock off: until it ends): only a thread the machine
         // starves of CPU is later, and then the plan is the caller's, as
         // when the clock stops the search.
         const bool at_bound = std::max(best.height, inst.fixed_top) <= lower_bound;
-        const bool taken = exact_thread->take(at_bound ? work.total() : ExactThread::kNever,
-                                              work.deadline() + kThreadGrace, best, lower_bound);
+        const bool taken = second_thread->take(at_bound ? work.total() : SecondThread::kNever,
+                                               work.deadline() + kThreadGrace, best, lower_bound);
         work.set_rival(nullptr);
         if (!taken) work.expire();
       }

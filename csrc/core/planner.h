@@ -89,7 +89,10 @@ struct Options {
   // the second thread until shortly after the deadline it stops at itself
   // (the clock off: until it ends); a thread the machine starves of CPU
   // past that is left to stop on its own, and the plan is the calling
-  // thread's (stopped_by "clock").
+  // thread's (stopped_by "clock"). On larger instances the second thread
+  // runs the peak-first passes (planner_greedy.h: peak_first_order) beside
+  // the improvement phases, under the same rule; with 1 they run among the
+  // constructive passes, on the calling thread's work count.
   unsigned threads = 2;
 };
 

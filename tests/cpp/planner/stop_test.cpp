@@ -200,6 +200,8 @@ void test_stop_everywhere(int iterations) {
   o.clock_seconds = kNoClock;
   o.threads = 1;
   total += stop_everywhere(big, o, true, g, std::max(20, iterations), "1,700 buffers");
+  // With two threads the second one runs the peak-first passes there.
+  stop_with_second_thread(big, o, g, std::max(8, iterations / 20), "1,700 buffers");
   CHECK(total > 1000, "too few polls (%llu): phases do not poll", static_cast<unsigned long long>(total));
 }
 
