@@ -99,6 +99,21 @@ def instances(quick: bool, minimalloc_csv=()):
     return out
 
 
+def dense_cyclic(buffers, period, seed):
+    """Random cyclic lifetimes over a short period: each buffer overlaps about half of the
+    others, millions of pairs for a few thousand buffers, the worst case of the search's setup
+    (its overlap lists; a breaker's instance: 4,049 buffers over 22 ticks, whose setup took
+    0.4 s). Returns (lifetimes, period)."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for _ in range(buffers):
+        size = rng.choice([64, 256, 1024, rng.randint(1, 99_999)])
+        lower = rng.randrange(period)
+        out.append((size, lower, lower + 1 + rng.randrange(period)))
+    return out, period
+
+
 def plan_cyclic(lt, period, budget, clock):
     """plan_lifetimes for a cyclic instance (lifetimes that may wrap ``period``)."""
     cols = [list(c) for c in zip(*lt)]
@@ -195,12 +210,17 @@ def main() -> int:
     by_name = {name: lt for name, _, lt, _ in insts}
     picks = [n for n in by_name if n.startswith(("minimalloc_E", "iopddl_S_1", "gpt_ctx128",
                                                  "synthetic_100k"))]
+    dense, dense_period = dense_cyclic(4049, 22, 5)
+    picks.append("dense_cyclic_4k")
     over = []
     t_end = time.perf_counter()
     for k in range(0 if args.no_clock else args.wall_runs):
         name = picks[k % len(picks)] if picks else next(iter(by_name))
         budget = (0.25, 0.5, 1.0)[k % 3]
-        res = plan_lifetimes(by_name[name], budget_seconds=budget)
+        if name == "dense_cyclic_4k":
+            res = plan_cyclic(dense, dense_period, budget, None)
+        else:
+            res = plan_lifetimes(by_name[name], budget_seconds=budget)
         over.append((res.seconds - budget, name, budget, os.getloadavg()[0]))
     if over:
         for x in sorted(over, reverse=True)[:3]:

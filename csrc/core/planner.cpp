@@ -125,6 +125,10 @@ constexpr std::uint32_t kSearchMaxItems = 1500;
 // (its setup walks them).
 constexpr std::uint64_t kSearchMaxObstaclePairs = 4000000;
 constexpr std::uint64_t kSearchMaxTicks = std::uint64_t{1} << 24;
+// Work units per pair of buffers overlapping in time that the search's
+// setup (CanonicalSearch's overlap lists) takes: 30-90 ns a pair measured
+// (1,950 to 4,049 buffers), a unit being about 4 ns.
+constexpr std::uint64_t kSetupUnitsPerPair = 8;
 // Cyclic instances (lifetimes that wrap) get the search up to this many buffers:
 // a wrapping buffer is live at both ends of the period, so the constructive
 // passes place it as a long-lived one, and peak repair and ruin and recreate
@@ -742,6 +746,32 @@ std::uint64_t obstacle_pairs(const Instance& inst, std::uint64_t cap) {
   return pairs;
 }
 
+// Pairs of free pieces overlapping in time, counted by a sweep in
+// O(P log P); stops counting past `cap`. The search's setup
+// (CanonicalSearch) lists, for every buffer, the buffers it overlaps: about
+// this many entries, twice.
+std::uint64_t free_pairs(const Instance& inst, std::uint64_t cap) {
+  std::vector<std::int32_t> lo, hi, starts, ends;
+  for (const detail::Piece& p : inst.pieces) {
+    if (p.item >= inst.num_free) continue;
+    lo.push_back(p.lo);
+    hi.push_back(p.hi);
+  }
+  starts = lo;
+  ends = hi;
+  std::sort(starts.begin(), starts.end());
+  std::sort(ends.begin(), ends.end());
+  // Pieces overlapping [lo, hi), itself included: those starting before hi
+  // minus those ending at or before lo. Each pair is seen from both ends.
+  std::uint64_t twice = 0;
+  for (std::size_t k = 0; k < lo.size() && twice / 2 <= cap; ++k) {
+    const auto s = std::lower_bound(starts.begin(), starts.end(), hi[k]) - starts.begin();
+    const auto e = std::upper_bound(ends.begin(), ends.end(), lo[k]) - ends.begin();
+    twice += static_cast<std::uint64_t>(s - e) - 1;
+  }
+  return twice / 2;
+}
+
 }  // namespace
 
 std::uint64_t load(const Problem& problem) { return Instance(problem).load; }
@@ -1044,6 +1074,17 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         }
         search = ticks <= kSearchMaxTicks &&
                  obstacle_pairs(inst, kSearchMaxObstaclePairs) <= kSearchMaxObstaclePairs;
+        if (search) {
+          // Its setup must fit the work count and the clock (at the rate
+          // so far). Dense instances have millions of overlapping pairs: on
+          // random cyclic ones (4,049 buffers over a period of 22 ticks, 4.3
+          // million pairs) the setup alone took 0.4 s, uncounted, and a
+          // 0.25 s budget ran 0.06-0.08 s over; such an instance gets the
+          // phases of a large instance instead.
+          const std::uint64_t cap = work.left() / kSetupUnitsPerPair + 1;
+          const std::uint64_t setup = kSetupUnitsPerPair * free_pairs(inst, cap);
+          search = setup <= work.left() && work.time_for(setup);
+        }
       }
       if (obstacles && inst.num_items <= kRepairMaxItems) {
         if (search) {
