@@ -25,6 +25,7 @@ import argparse
 import math
 import os
 import pathlib
+import random
 import statistics
 import sys
 import time
@@ -104,7 +105,6 @@ def dense_cyclic(buffers, period, seed):
     others, millions of pairs for a few thousand buffers, the worst case of the search's setup
     (its overlap lists; a breaker's instance: 4,049 buffers over 22 ticks, whose setup took
     0.4 s). Returns (lifetimes, period)."""
-    import random
     rng = random.Random(seed)
     out = []
     for _ in range(buffers):

@@ -37,10 +37,16 @@ def _vs_load(n, load):
     """
     if n is None or not load:
         return ""
-    pct = 100 * (n / load - 1)
-    if n > load and pct < 0.005:
-        return f"  (+{n - load} bytes over LOAD, under +0.01%)"
-    return f"  ({pct:+.2f}% vs LOAD)"
+    tiny = _bytes_under_a_hundredth(n, load)
+    if tiny is not None:
+        return f"  (+{tiny} bytes over LOAD, under +0.01%)"
+    return f"  ({100 * (n / load - 1):+.2f}% vs LOAD)"
+
+
+def _bytes_under_a_hundredth(n, load) -> Optional[int]:
+    """Bytes of ``n`` over ``load`` when above it by under 0.005% (which ``+.2f`` would
+    print as ``+0.00%``, "at LOAD"), else None."""
+    return n - load if n > load and 100 * (n / load - 1) < 0.005 else None
 
 
 def _pct_cell(n, load) -> str:
@@ -49,8 +55,9 @@ def _pct_cell(n, load) -> str:
     ``"n/a"`` when ``n`` is None or LOAD is 0."""
     if n is None or not load:
         return "n/a"
-    if n > load and 100 * (n / load - 1) < 0.005:
-        return f"+{_size(n - load)}"
+    tiny = _bytes_under_a_hundredth(n, load)
+    if tiny is not None:
+        return f"+{_size(tiny)}"
     return f"{100 * (n / load - 1):+.2f}%"
 
 
@@ -1129,7 +1136,6 @@ def _plan_all(args: argparse.Namespace, traces, results) -> int:
     if args.json:
         print(json.dumps({"devices": [{"device": d, **o} for d, o in per.items()], "total": totals}))
         return 0
-
 
     print(f"trace  {args.trace}")
     print(f"{'device':>8} {'buffers':>8} {'LOAD':>12} {'greedy':>9} {'plan':>12} {'plan/LOAD':>9} "

@@ -208,6 +208,31 @@ constexpr PeakPass kPeakPasses[] = {
     {Order::kLength, Order::kSizeClass, "peak_first_by_length_then_size_class"},
 };
 
+// The peak-first passes on `work`, each plan kept when strictly lower than
+// `height`; stops at `lower_bound`, and at a pass the work count (or the
+// clock) cuts short, which is dropped. The second thread's job, and the
+// calling thread's when no thread could be started.
+void run_peak_passes(const Instance& inst, Work& work, std::uint64_t lower_bound,
+                     std::uint64_t& height, std::vector<std::uint64_t>& offsets,
+                     std::string& method) {
+  Placer placer(inst);
+  for (const PeakPass& pass : kPeakPasses) {
+    if (std::max(height, inst.fixed_top) <= lower_bound || work.out()) return;
+    std::vector<std::uint64_t> offs = detail::initial_offsets(inst);
+    placer.reset(offs);
+    std::uint64_t h = 0;
+    if (!placer.try_place(detail::peak_first_order(inst, pass.clique, pass.rest), offs,
+                          Fit::kBest, work, h)) {
+      return;
+    }
+    if (h < height) {
+      height = h;
+      offsets = std::move(offs);
+      method = pass.name;
+    }
+  }
+}
+
 // One job on a second thread, beside the phases on the calling thread
 // (Options::threads): the search's exact schedule (detail::ExactSchedule),
 // or, on instances too large for the search over the whole instance, the
@@ -327,33 +352,12 @@ class SecondThread {
     }
   };
 
-  // The peak-first passes, each kept when strictly lower; a pass the work
-  // count (or the clock) cuts short is dropped, and ends the job.
-  static void run_peak_first(State& s) {
-    Placer placer(s.inst);
-    for (const PeakPass& pass : kPeakPasses) {
-      if (std::max(s.height, s.inst.fixed_top) <= s.lower_bound || s.work.out()) return;
-      std::vector<std::uint64_t> offs = detail::initial_offsets(s.inst);
-      placer.reset(offs);
-      std::uint64_t h = 0;
-      if (!placer.try_place(detail::peak_first_order(s.inst, pass.clique, pass.rest), offs,
-                            Fit::kBest, s.work, h)) {
-        return;
-      }
-      if (h < s.height) {
-        s.height = h;
-        s.offsets = std::move(offs);
-        s.method = pass.name;
-      }
-    }
-  }
-
   static void run(State& s) {
     try {
       if (s.job == Job::kExact) {
         s.schedule->run(s.work, s.lower_bound, s.height, s.offsets, s.method);
       } else {
-        run_peak_first(s);
+        run_peak_passes(s.inst, s.work, s.lower_bound, s.height, s.offsets, s.method);
       }
       if (std::max(s.height, s.inst.fixed_top) <= s.lower_bound) s.done.store(s.work.total());
     } catch (const Stop::Reached&) {
@@ -718,58 +722,55 @@ std::vector<Constructive> portfolio(std::uint32_t n, bool cyclic, bool peak) {
   return p;
 }
 
-// Pairs (free buffer, obstacle) overlapping in time, counted by a sweep in
-// O(P log P); stops counting past `cap`.
-std::uint64_t obstacle_pairs(const Instance& inst, std::uint64_t cap) {
-  std::vector<std::int32_t> free_lo, free_hi;  // free pieces
-  std::vector<std::int32_t> starts, ends;      // obstacle pieces
-  for (const detail::Piece& p : inst.pieces) {
-    if (p.item < inst.num_free) {
-      free_lo.push_back(p.lo);
-      free_hi.push_back(p.hi);
-    } else {
-      starts.push_back(p.lo);
-      ends.push_back(p.hi);
-    }
-  }
-  if (starts.empty()) return 0;
-  std::sort(starts.begin(), starts.end());
-  std::sort(ends.begin(), ends.end());
-  // Obstacles overlapping a free piece [lo, hi): those starting before hi
-  // minus those ending at or before lo.
-  std::uint64_t pairs = 0;
-  for (std::size_t k = 0; k < free_lo.size() && pairs <= cap; ++k) {
-    const auto s = std::lower_bound(starts.begin(), starts.end(), free_hi[k]) - starts.begin();
-    const auto e = std::upper_bound(ends.begin(), ends.end(), free_lo[k]) - ends.begin();
-    pairs += static_cast<std::uint64_t>(s - e);
-  }
-  return pairs;
-}
-
-// Pairs of free pieces overlapping in time, counted by a sweep in
-// O(P log P); stops counting past `cap`. The search's setup
-// (CanonicalSearch) lists, for every buffer, the buffers it overlaps: about
-// this many entries, twice.
-std::uint64_t free_pairs(const Instance& inst, std::uint64_t cap) {
-  std::vector<std::int32_t> lo, hi, starts, ends;
-  for (const detail::Piece& p : inst.pieces) {
-    if (p.item >= inst.num_free) continue;
-    lo.push_back(p.lo);
-    hi.push_back(p.hi);
-  }
-  starts = lo;
-  ends = hi;
-  std::sort(starts.begin(), starts.end());
-  std::sort(ends.begin(), ends.end());
-  // Pieces overlapping [lo, hi), itself included: those starting before hi
-  // minus those ending at or before lo. Each pair is seen from both ends.
-  std::uint64_t twice = 0;
-  for (std::size_t k = 0; k < lo.size() && twice / 2 <= cap; ++k) {
+// Over the pieces [lo[k], hi[k]), the pieces of a set overlapping each
+// (the set given by its sorted starts and ends): those starting before hi
+// minus those ending at or before lo; summed, in O(K log S). Stops counting
+// past `cap`.
+std::uint64_t overlapping(const std::vector<std::int32_t>& lo, const std::vector<std::int32_t>& hi,
+                          const std::vector<std::int32_t>& starts,
+                          const std::vector<std::int32_t>& ends, std::uint64_t cap) {
+  std::uint64_t count = 0;
+  for (std::size_t k = 0; k < lo.size() && count <= cap; ++k) {
     const auto s = std::lower_bound(starts.begin(), starts.end(), hi[k]) - starts.begin();
     const auto e = std::upper_bound(ends.begin(), ends.end(), lo[k]) - ends.begin();
-    twice += static_cast<std::uint64_t>(s - e) - 1;
+    count += static_cast<std::uint64_t>(s - e);
   }
-  return twice / 2;
+  return count;
+}
+
+// The free pieces' and the obstacles' [lo, hi), split.
+struct PieceRanges {
+  std::vector<std::int32_t> free_lo, free_hi, fixed_lo, fixed_hi;
+  explicit PieceRanges(const Instance& inst) {
+    for (const detail::Piece& p : inst.pieces) {
+      const bool free = p.item < inst.num_free;
+      (free ? free_lo : fixed_lo).push_back(p.lo);
+      (free ? free_hi : fixed_hi).push_back(p.hi);
+    }
+  }
+};
+
+std::vector<std::int32_t> sorted(std::vector<std::int32_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// Pairs (free buffer, obstacle) overlapping in time; stops counting past
+// `cap`.
+std::uint64_t obstacle_pairs(const PieceRanges& r, std::uint64_t cap) {
+  if (r.fixed_lo.empty()) return 0;
+  return overlapping(r.free_lo, r.free_hi, sorted(r.fixed_lo), sorted(r.fixed_hi), cap);
+}
+
+// Pairs of free pieces overlapping in time; stops counting past `cap`. The
+// search's setup (CanonicalSearch) lists, for every buffer, the buffers it
+// overlaps: about this many entries, twice.
+std::uint64_t free_pairs(const PieceRanges& r, std::uint64_t cap) {
+  // Each piece counts itself, and each pair is seen from both ends.
+  const std::uint64_t n = r.free_lo.size();
+  const std::uint64_t twice_and_self =
+      overlapping(r.free_lo, r.free_hi, sorted(r.free_lo), sorted(r.free_hi), 2 * cap + n);
+  return (twice_and_self - std::min(twice_and_self, n)) / 2;
 }
 
 }  // namespace
@@ -1042,18 +1043,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         start_second_thread(SecondThread::Job::kPeakFirst);
         if (!second_thread) {
           // No thread could be started: the passes run here, first.
-          Placer peak_placer(inst);
-          for (const PeakPass& pass : kPeakPasses) {
-            if (std::max(best.height, inst.fixed_top) <= lower_bound || work.out()) break;
-            offs = detail::initial_offsets(inst);
-            peak_placer.reset(offs);
-            std::uint64_t h = 0;
-            if (!peak_placer.try_place(detail::peak_first_order(inst, pass.clique, pass.rest),
-                                       offs, Fit::kBest, work, h)) {
-              break;
-            }
-            best.offer(h, offs, pass.name);
-          }
+          run_peak_passes(inst, work, lower_bound, best.height, best.offsets, best.method);
         }
       }
       // The search over the whole instance on `share` of the work left,
@@ -1072,8 +1062,9 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
         for (std::uint32_t i = 0; i < inst.num_free; ++i) {
           ticks += static_cast<std::uint64_t>(inst.length(i));
         }
+        const PieceRanges ranges(inst);
         search = ticks <= kSearchMaxTicks &&
-                 obstacle_pairs(inst, kSearchMaxObstaclePairs) <= kSearchMaxObstaclePairs;
+                 obstacle_pairs(ranges, kSearchMaxObstaclePairs) <= kSearchMaxObstaclePairs;
         if (search) {
           // Its setup must fit the work count and the clock (at the rate
           // so far). Dense instances have millions of overlapping pairs: on
@@ -1082,7 +1073,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
           // 0.25 s budget ran 0.06-0.08 s over; such an instance gets the
           // phases of a large instance instead.
           const std::uint64_t cap = work.left() / kSetupUnitsPerPair + 1;
-          const std::uint64_t setup = kSetupUnitsPerPair * free_pairs(inst, cap);
+          const std::uint64_t setup = kSetupUnitsPerPair * free_pairs(ranges, cap);
           search = setup <= work.left() && work.time_for(setup);
         }
       }
