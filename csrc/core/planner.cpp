@@ -237,9 +237,10 @@ void run_peak_passes(const Instance& inst, Work& work, std::uint64_t lower_bound
 // (Options::threads): the search's exact schedule (detail::ExactSchedule),
 // or, on instances too large for the search over the whole instance, the
 // peak-first passes (kPeakPasses), which then take no work from the peak
-// repair (run among the constructive passes, at 0.25 s they took 70% of
-// the work count of 20,000-buffer training steps, and 6 of 30 seeds the
-// peak repair had taken to LOAD stayed 0.09-0.31% above it). Each side has
+// repair (run among the constructive passes, at 0.25 s they took 37% of
+// the work count of a 20,000-buffer training step that the peak repair had
+// taken to LOAD, and it stayed at +0.306%; a breaker counted 6 of 30 such
+// seeds higher). Each side has
 // its own work count: the thread's budget is what the caller's had left
 // when it started, with the same deadline, and a copy of the hard stop.
 // Each side records the root-budget unit count at which it reached its
@@ -1070,7 +1071,7 @@ Result plan_with_stop(const Problem& problem, const Options& options, Stop* forc
           // so far). Dense instances have millions of overlapping pairs: on
           // random cyclic ones (4,049 buffers over a period of 22 ticks, 4.3
           // million pairs) the setup alone took 0.4 s, uncounted, and a
-          // 0.25 s budget ran 0.06-0.08 s over; such an instance gets the
+          // 0.25 s budget ran 0.06-0.09 s over; such an instance gets the
           // phases of a large instance instead.
           const std::uint64_t cap = work.left() / kSetupUnitsPerPair + 1;
           const std::uint64_t setup = kSetupUnitsPerPair * free_pairs(ranges, cap);
